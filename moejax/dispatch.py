@@ -1,0 +1,213 @@
+"""Token dispatch to experts (DESIGN.md §3): dropless and capacity modes.
+
+Both modes build a *plan*: an integer map from each (token, slot) assignment to a row of
+an expert-sorted buffer, and back. Rows are moved with `permute.take_rows` (gather in
+both directions), experts run as one grouped SwiGLU, and outputs are combined with r_i.
+Dropped assignments map to a sentinel row and contribute zero.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.errors import UserError
+from moejax.permute import take_rows
+
+MODES = ("dropless", "capacity")
+IMPLS = ("auto", "blocked", "ragged")
+DROP_POLICIES = ("position", "score")
+SECOND_EXPERT = ("all", "random")
+
+
+class ExpertWeights(NamedTuple):
+  """Stacked SwiGLU expert weights."""
+
+  w_gate_ExDxF: jax.Array
+  w_up_ExDxF: jax.Array
+  w_down_ExFxD: jax.Array
+
+
+class Plan(NamedTuple):
+  """Where each assignment goes. R rows in the buffer; A = T·K assignments."""
+
+  row_of_A: jax.Array  # int32 [A], R for a dropped assignment
+  token_of_R: jax.Array  # int32 [R], T for an empty (padding) row
+  assign_of_R: jax.Array  # int32 [R], A for an empty row
+  kept_A: jax.Array  # bool [A]
+
+
+def resolve_impl(impl: str) -> str:
+  """`auto`: ragged_dot on TPU/GPU, blocked einsums on CPU (ragged_dot densifies there)."""
+  if impl not in IMPLS:
+    raise UserError(f"impl={impl!r} is not allowed; use one of {', '.join(IMPLS)}")
+  if impl != "auto":
+    return impl
+  return "blocked" if jax.default_backend() == "cpu" else "ragged"
+
+
+def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) -> Plan:
+  """Inverts row_of_A (an injective map on kept assignments) into per-row sources."""
+  A = row_of_A.shape[0]
+  row_of_A = jnp.where(kept_A, row_of_A, n_rows).astype(jnp.int32)
+  assign_of_R = jnp.full((n_rows + 1,), A, jnp.int32).at[row_of_A].set(
+      jnp.arange(A, dtype=jnp.int32))[:n_rows]
+  token_of_R = jnp.where(assign_of_R < A, assign_of_R // K, A // K).astype(jnp.int32)
+  return Plan(row_of_A, token_of_R, assign_of_R, kept_A)
+
+
+def dropless_plan(experts_TxK: jax.Array, n_experts: int,
+                  block: int) -> tuple[Plan, jax.Array, jax.Array]:
+  """Sorts assignments by expert and pads each expert's run to a multiple of `block`.
+
+  Returns the plan, the expert id of every block and the per-expert counts. The buffer has a static
+  R = roundup(A + E·(block−1), block) rows, the worst case over all routings.
+  """
+  T, K = experts_TxK.shape
+  A, E = T * K, n_experts
+  e_A = experts_TxK.reshape(A)
+  order_A = jnp.argsort(e_A, stable=True)
+  counts_E = jnp.bincount(e_A, length=E)
+  padded_E = (counts_E + block - 1) // block * block
+  pad_end_E = jnp.cumsum(padded_E)
+  e_sorted_A = e_A[order_A]
+  rank_A = jnp.arange(A) - (jnp.cumsum(counts_E) - counts_E)[e_sorted_A]
+  row_sorted_A = (pad_end_E - padded_E)[e_sorted_A] + rank_A
+  row_of_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A.astype(jnp.int32))
+  n_rows = -(-(A + E * (block - 1)) // block) * block
+  block_starts = jnp.arange(n_rows // block) * block
+  expert_of_block = jnp.minimum(jnp.searchsorted(pad_end_E, block_starts, side="right"), E - 1)
+  plan = _finish_plan(row_of_A, jnp.ones((A,), bool), n_rows, K)
+  return plan, expert_of_block.astype(jnp.int32), counts_E
+
+
+def capacity(capacity_factor: float, k: int, group_tokens: int, n_experts: int,
+             min_capacity: int) -> int:
+  """C = max(min_capacity, ceil(capacity_factor · K · G / E)), capped at G."""
+  c = max(min_capacity, math.ceil(capacity_factor * k * group_tokens / n_experts))
+  return min(c, group_tokens)
+
+
+def capacity_plan(experts_TxK: jax.Array, priority_TxK: jax.Array, n_experts: int, cap: int,
+                  group_size: int, keep_TxK: jax.Array | None = None) -> Plan:
+  """Keeps, per routing group and expert, the `cap` assignments of highest priority.
+
+  Buffer rows are laid out [group, expert, slot]. `priority_TxK` is larger-is-first.
+  """
+  T, K = experts_TxK.shape
+  n_groups, G = T // group_size, group_size
+  e_NxA = experts_TxK.reshape(n_groups, G * K)
+  pri_NxA = priority_TxK.reshape(n_groups, G * K)
+  # Sort by (expert, priority descending); ties keep assignment order.
+  order_NxA = jnp.lexsort((-pri_NxA, e_NxA), axis=-1)
+  e_sorted_NxA = jnp.take_along_axis(e_NxA, order_NxA, -1)
+  counts_NxE = jax.vmap(lambda e: jnp.bincount(e, length=n_experts))(e_NxA)
+  start_NxE = jnp.cumsum(counts_NxE, -1) - counts_NxE
+  rank_sorted_NxA = jnp.arange(G * K) - jnp.take_along_axis(start_NxE, e_sorted_NxA, -1)
+  rank_NxA = jnp.zeros_like(rank_sorted_NxA).at[
+      jnp.arange(n_groups)[:, None], order_NxA].set(rank_sorted_NxA)
+  kept_NxA = rank_NxA < cap
+  if keep_TxK is not None:
+    kept_NxA &= keep_TxK.reshape(n_groups, G * K)
+  row_NxA = (jnp.arange(n_groups)[:, None] * n_experts + e_NxA) * cap + rank_NxA
+  return _finish_plan(row_NxA.reshape(-1), kept_NxA.reshape(-1), n_groups * n_experts * cap, K)
+
+
+def position_priority(T: int, K: int, group_size: int) -> jax.Array:
+  """Switch/GShard order: all first choices before second choices, earlier tokens first."""
+  t_T = jnp.arange(T) % group_size
+  k_K = jnp.arange(K)
+  return -(k_K[None, :] * group_size + t_T[:, None]).astype(jnp.float32)
+
+
+def random_second_expert(weights_TxK: jax.Array, rng: jax.Array,
+                         threshold: float = 0.5) -> jax.Array:
+  """GShard: keep the 2nd choice with probability min(1, g2/threshold), g2 renormalized."""
+  T, K = weights_TxK.shape
+  g2_T = weights_TxK[:, 1] / weights_TxK[:, :2].sum(-1)
+  keep2_T = jax.random.uniform(rng, (T,)) < jnp.minimum(1.0, g2_T / threshold)
+  return jnp.ones((T, K), bool).at[:, 1].set(keep2_T)
+
+
+def _swiglu(x, w_gate, w_up, w_down, eq_in: str, eq_out: str):
+  h = jax.nn.silu(jnp.einsum(eq_in, x, w_gate)) * jnp.einsum(eq_in, x, w_up)
+  return jnp.einsum(eq_out, h, w_down)
+
+
+def _cast(experts: ExpertWeights, dtype) -> ExpertWeights:
+  return ExpertWeights(*(w.astype(dtype) for w in experts))
+
+
+def _combine(y_RxD, plan: Plan, weights_TxK: jax.Array) -> jax.Array:
+  """y[t] = Σ_k r_tk · y_R[row(t, k)], with dropped rows contributing zero."""
+  T, K = weights_TxK.shape
+  y_AxD = take_rows(y_RxD, plan.row_of_A, plan.assign_of_R[:, None])
+  y_TxKxD = y_AxD.reshape(T, K, -1)
+  return jnp.einsum("tkd,tk->td", y_TxKxD, weights_TxK.astype(y_TxKxD.dtype))
+
+
+def _expand(x_TxD: jax.Array, plan: Plan, K: int) -> jax.Array:
+  T = x_TxD.shape[0]
+  return take_rows(x_TxD, plan.token_of_R, plan.row_of_A.reshape(T, K))
+
+
+def dropless(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array, ex: ExpertWeights,
+             *, impl: str = "auto", block: int = 64) -> jax.Array:
+  """Computes every assignment: sort by expert, one grouped SwiGLU, unsort and combine."""
+  T, K = experts_TxK.shape
+  E = ex.w_gate_ExDxF.shape[0]
+  impl = resolve_impl(impl)
+  ex = _cast(ex, x_TxD.dtype)
+  if impl == "ragged":
+    plan, _, counts_E = dropless_plan(experts_TxK, E, 1)
+    x_AxD = _expand(x_TxD, plan, K)
+    dot = lambda a, w: jax.lax.ragged_dot(a, w, counts_E.astype(jnp.int32))
+    h_AxF = jax.nn.silu(dot(x_AxD, ex.w_gate_ExDxF)) * dot(x_AxD, ex.w_up_ExDxF)
+    return _combine(dot(h_AxF, ex.w_down_ExFxD), plan, weights_TxK)
+  plan, expert_N, _ = dropless_plan(experts_TxK, E, block)
+  x_RxD = _expand(x_TxD, plan, K)
+  x_NxBxD = x_RxD.reshape(expert_N.shape[0], block, -1)
+  y_NxBxD = _swiglu(x_NxBxD, ex.w_gate_ExDxF[expert_N], ex.w_up_ExDxF[expert_N],
+                    ex.w_down_ExFxD[expert_N], "nbd,ndf->nbf", "nbf,nfd->nbd")
+  return _combine(y_NxBxD.reshape(x_RxD.shape), plan, weights_TxK)
+
+
+def capacity_dispatch(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array,
+                      ex: ExpertWeights, *, cap: int, group_size: int, priority_TxK: jax.Array,
+                      keep_TxK: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Capacity-limited dispatch; returns (y_TxD, kept_TxK)."""
+  T, K = experts_TxK.shape
+  E = ex.w_gate_ExDxF.shape[0]
+  plan = capacity_plan(experts_TxK, priority_TxK, E, cap, group_size, keep_TxK)
+  ex = _cast(ex, x_TxD.dtype)
+  x_RxD = _expand(x_TxD, plan, K)
+  x_NxExCxD = x_RxD.reshape(T // group_size, E, cap, -1)
+  y_NxExCxD = _swiglu(x_NxExCxD, *ex, "necd,edf->necf", "necf,efd->necd")
+  y_TxD = _combine(y_NxExCxD.reshape(x_RxD.shape), plan, weights_TxK)
+  return y_TxD, plan.kept_A.reshape(T, K)
+
+
+def validate_dispatch(mode: str, drop_policy: str, second_expert: str, impl: str,
+                      capacity_factor: float, eval_capacity_factor: float,
+                      min_capacity: int, group_size: int | None, n_tokens: int | None = None
+                      ) -> None:
+  """Raises `UserError` naming the dispatch field that is out of range."""
+  for field, value, allowed in (("dispatch", mode, MODES), ("drop_policy", drop_policy, DROP_POLICIES),
+                                ("second_expert", second_expert, SECOND_EXPERT),
+                                ("impl", impl, IMPLS)):
+    if value not in allowed:
+      raise UserError(f"{field}={value!r} is not allowed; use one of {', '.join(allowed)}")
+  for field, value in (("capacity_factor", capacity_factor),
+                       ("eval_capacity_factor", eval_capacity_factor)):
+    if not value > 0:
+      raise UserError(f"{field}={value} is not allowed; use a float > 0")
+  if min_capacity < 0:
+    raise UserError(f"min_capacity={min_capacity} is not allowed; use an int >= 0")
+  if group_size is not None and group_size < 1:
+    raise UserError(f"group_size={group_size} is not allowed; use an int >= 1 or None")
+  if group_size is not None and n_tokens is not None and n_tokens % group_size:
+    raise UserError(f"group_size={group_size} is not allowed; it must divide the "
+                    f"{n_tokens} tokens of the local batch")

@@ -1,0 +1,40 @@
+"""Row permutations whose backward pass is a gather with the inverse map, not a scatter-add.
+
+Token dispatch moves rows between a token layout and an expert-sorted layout. Plain
+indexing differentiates to a scatter-add, which is slow on CPU and nondeterministic on
+GPU. Every map here is a partial bijection known in both directions, so the transpose is
+itself a gather (summed over the K copies of a token).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _take_ext(x_NxD: jax.Array, idx: jax.Array) -> jax.Array:
+  """x[idx] where idx == N selects a zero row (the sentinel for padding and drops)."""
+  zero_1xD = jnp.zeros((1,) + x_NxD.shape[1:], x_NxD.dtype)
+  return jnp.concatenate([x_NxD, zero_1xD])[idx]
+
+
+@jax.custom_vjp
+def take_rows(x_NxD: jax.Array, src_M: jax.Array, dst_NxJ: jax.Array) -> jax.Array:
+  """out[m] = x[src[m]] (zero if src[m] == N); `dst` is the inverse: the J rows of out
+  that read each input row (M for none). The VJP is dx[n] = Σ_j g[dst[n, j]]."""
+  return _take_ext(x_NxD, src_M)
+
+
+def _take_rows_fwd(x_NxD, src_M, dst_NxJ):
+  return _take_ext(x_NxD, src_M), (src_M, dst_NxJ)
+
+
+def _take_rows_bwd(res, g_MxD):
+  src_M, dst_NxJ = res
+  dx_NxD = _take_ext(g_MxD, dst_NxJ).sum(axis=1)
+  zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
+  return dx_NxD, zero(src_M), zero(dst_NxJ)
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)

@@ -1,0 +1,198 @@
+"""Router merge rules (DESIGN.md §2): scores, selection and the routed coefficients r_i.
+
+Everything here is a pure, jit-able function of float32 router logits. Shapes and ranks
+are static, so all validation runs in Python at trace time and raises `ValueError`
+(`UserError`) naming the offending field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.errors import UserError
+
+SCORES = ("softmax", "sigmoid")
+NORMS = ("none", "sum", "lp")
+SHARED = ("none", "unit", "sigmoid", "kplus1")
+GROUP_SCORES = ("max", "top2_sum")
+
+
+def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise UserError(f"{field}={value!r} is not allowed; use one of {', '.join(allowed)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeRule:
+  """How router logits become routed coefficients r_i and a shared coefficient c(x)."""
+
+  score: str = "softmax"
+  norm: str = "sum"
+  lp: float = 1.0
+  scale: float | str = 1.0
+  shared: str = "none"
+  selection_bias: bool = False
+  n_groups: int = 1
+  topk_groups: int = 1
+  group_score: str = "max"
+
+  def __post_init__(self):
+    _check_choice("rule.score", self.score, SCORES)
+    _check_choice("rule.norm", self.norm, NORMS)
+    _check_choice("rule.shared", self.shared, SHARED)
+    _check_choice("rule.group_score", self.group_score, GROUP_SCORES)
+    if not self.lp > 0:
+      raise UserError(f"rule.lp={self.lp} is not allowed; the lp norm needs p > 0")
+    if isinstance(self.scale, str):
+      _check_choice("rule.scale", self.scale, ("k",))
+    elif not self.scale > 0:
+      raise UserError(f"rule.scale={self.scale} is not allowed; use a float > 0 or 'k'")
+    if self.n_groups < 1:
+      raise UserError(f"rule.n_groups={self.n_groups} is not allowed; use an int >= 1")
+    if not 1 <= self.topk_groups <= self.n_groups:
+      raise UserError(
+          f"rule.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
+          f"n_groups={self.n_groups}")
+
+
+RULES: dict[str, MergeRule] = {
+    "mixtral": MergeRule(),
+    "qwen3_moe": MergeRule(),
+    "olmoe": MergeRule(norm="none"),
+    "qwen2_moe": MergeRule(norm="none", shared="sigmoid"),
+    "qwen3_5_moe": MergeRule(shared="sigmoid"),
+    "megatron": MergeRule(shared="unit"),
+    "olmo": MergeRule(scale="k", shared="unit"),
+    "deepseek_v3": MergeRule(score="sigmoid", scale=2.5, shared="unit", selection_bias=True,
+                             n_groups=8, topk_groups=4, group_score="top2_sum"),
+    "deepseek_v2_lite": MergeRule(norm="none", shared="unit"),
+    "dbrx": MergeRule(norm="lp", lp=1.0),
+    "megablocks": MergeRule(norm="none"),
+    "megablocks_lp2": MergeRule(norm="lp", lp=2.0),
+    "kplus1": MergeRule(norm="none", shared="kplus1"),
+    "switch": MergeRule(norm="none"),
+    "gshard": MergeRule(),
+}
+
+
+def get_rule(rule: MergeRule | str) -> MergeRule:
+  """Resolves a rule name from `RULES`; a `MergeRule` passes through."""
+  if isinstance(rule, MergeRule):
+    return rule
+  if rule not in RULES:
+    raise UserError(f"rule={rule!r} is unknown; use one of {', '.join(sorted(RULES))}")
+  return RULES[rule]
+
+
+class Routing(NamedTuple):
+  """Output of `route`: who is selected, with which coefficient, from which scores."""
+
+  experts_TxK: jax.Array  # int32, best first
+  weights_TxK: jax.Array  # float32 r_i (alpha and the kplus1 factor included)
+  scores_TxE: jax.Array  # float32 s, unbiased
+
+
+def validate(rule: MergeRule, n_experts: int, k: int, k2: int | None = None,
+             train_k: int | None = None) -> None:
+  """Raises `UserError` naming the field when (rule, E, k, k2) cannot be routed."""
+  E = n_experts
+  if not 1 <= k <= E:
+    raise UserError(f"k={k} is not allowed; use 1 <= k <= n_experts={E}")
+  if train_k is not None and not 1 <= train_k <= E:
+    raise UserError(f"train_k={train_k} is not allowed; use 1 <= train_k <= n_experts={E}")
+  if k2 is not None and not k <= k2 <= E:
+    raise UserError(f"k2={k2} is not allowed; use k={k} <= k2 <= n_experts={E}")
+  if E % rule.n_groups:
+    raise UserError(f"rule.n_groups={rule.n_groups} is not allowed; it must divide n_experts={E}")
+  group_size = E // rule.n_groups
+  if rule.n_groups > 1 and rule.group_score == "top2_sum" and group_size < 2:
+    raise UserError(f"rule.group_score='top2_sum' needs >= 2 experts per group; "
+                    f"n_experts={E} with n_groups={rule.n_groups} gives {group_size}")
+  kept = rule.topk_groups * group_size
+  if rule.n_groups > 1 and k > kept:
+    raise UserError(f"k={k} is not allowed; the kept groups hold only topk_groups*E/n_groups="
+                    f"{kept} experts")
+
+
+def scores(logits_TxE: jax.Array, rule: MergeRule) -> jax.Array:
+  """s = φ(z) over all E logits, in float32."""
+  z_TxE = logits_TxE.astype(jnp.float32)
+  return jax.nn.softmax(z_TxE, axis=-1) if rule.score == "softmax" else jax.nn.sigmoid(z_TxE)
+
+
+def selection_keys(scores_TxE: jax.Array, rule: MergeRule,
+                   bias_E: jax.Array | None = None) -> jax.Array:
+  """The keys top-k runs on: s + b, with experts outside the kept groups at −inf."""
+  key_TxE = scores_TxE
+  if rule.selection_bias and bias_E is not None:
+    key_TxE = key_TxE + bias_E.astype(jnp.float32)
+  if rule.n_groups == 1:
+    return key_TxE
+  T, E = key_TxE.shape
+  key_TxGxS = key_TxE.reshape(T, rule.n_groups, E // rule.n_groups)
+  if rule.group_score == "max":
+    group_TxG = key_TxGxS.max(-1)
+  else:
+    group_TxG = jax.lax.top_k(key_TxGxS, 2)[0].sum(-1)
+  _, kept_TxKg = jax.lax.top_k(group_TxG, rule.topk_groups)
+  keep_TxG = jnp.zeros(group_TxG.shape, bool).at[
+      jnp.arange(T)[:, None], kept_TxKg].set(True)
+  masked_TxGxS = jnp.where(keep_TxG[..., None], key_TxGxS, -jnp.inf)
+  return masked_TxGxS.reshape(T, E)
+
+
+def route(logits_TxE: jax.Array, rule: MergeRule | str, k: int, *, k2: int | None = None,
+          bias_E: jax.Array | None = None, train_k: int | None = None) -> Routing:
+  """Selects k experts per token and computes r_i = α·p_i (DESIGN.md §2).
+
+  `k2` replaces the rule's normalization by p_i = s_i / Σ_{top-k2} s_j, the top-k2 taken
+  in selection order (so k2 = k is the rule's own renormalization and k2 = E divides by
+  the full score mass). K-dependent constants (`scale="k"`, `kplus1`) use `train_k`.
+  """
+  rule = get_rule(rule)
+  E = logits_TxE.shape[-1]
+  train_k = k if train_k is None else train_k
+  validate(rule, E, k, k2, train_k)
+  s_TxE = scores(logits_TxE, rule)
+  key_TxE = selection_keys(s_TxE, rule, bias_E)
+  _, experts_TxK = jax.lax.top_k(key_TxE, k)
+  s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
+
+  if k2 is not None:
+    _, top_TxK2 = jax.lax.top_k(key_TxE, k2)
+    p_TxK = s_TxK / jnp.take_along_axis(s_TxE, top_TxK2, axis=-1).sum(-1, keepdims=True)
+  elif rule.norm == "sum":
+    p_TxK = s_TxK / s_TxK.sum(-1, keepdims=True)
+  elif rule.norm == "lp":
+    p_TxK = s_TxK / (s_TxK ** rule.lp).sum(-1, keepdims=True) ** (1.0 / rule.lp)
+  else:
+    p_TxK = s_TxK
+
+  alpha = float(train_k) if rule.scale == "k" else float(rule.scale)
+  if rule.shared == "kplus1":
+    alpha *= train_k / (train_k + 1.0)
+  return Routing(experts_TxK.astype(jnp.int32), (alpha * p_TxK).astype(jnp.float32), s_TxE)
+
+
+def shared_coefficient(rule: MergeRule, train_k: int, gate_logit_T: jax.Array | None,
+                       n_tokens: int) -> jax.Array:
+  """c(x) per token: 0, 1, σ(x·w_g) or 1/(K+1) with K the trained top-k."""
+  if rule.shared == "sigmoid":
+    return jax.nn.sigmoid(gate_logit_T.astype(jnp.float32))
+  value = {"none": 0.0, "unit": 1.0, "kplus1": 1.0 / (train_k + 1.0)}[rule.shared]
+  return jnp.full((n_tokens,), value, jnp.float32)
+
+
+def normalized_probs(scores_TxE: jax.Array) -> jax.Array:
+  """Per-token probabilities for balance losses (sigmoid scores renormalized to sum 1)."""
+  return scores_TxE / scores_TxE.sum(-1, keepdims=True)
+
+
+def jitter(x: jax.Array, eps: float, rng: jax.Array) -> jax.Array:
+  """Switch-style multiplicative router-input jitter: x · U(1 − eps, 1 + eps)."""
+  noise = jax.random.uniform(rng, x.shape, jnp.float32, 1.0 - eps, 1.0 + eps)
+  return x * noise.astype(x.dtype)
