@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError
+from moejax.grouped import grouped_swiglu
 from moejax.permute import take_rows
 
 MODES = ("dropless", "capacity")
@@ -132,11 +133,6 @@ def random_second_expert(weights_TxK: jax.Array, rng: jax.Array,
   return jnp.ones((T, K), bool).at[:, 1].set(keep2_T)
 
 
-def _swiglu(x, w_gate, w_up, w_down, eq_in: str, eq_out: str):
-  h = jax.nn.silu(jnp.einsum(eq_in, x, w_gate)) * jnp.einsum(eq_in, x, w_up)
-  return jnp.einsum(eq_out, h, w_down)
-
-
 def _cast(experts: ExpertWeights, dtype) -> ExpertWeights:
   return ExpertWeights(*(w.astype(dtype) for w in experts))
 
@@ -167,12 +163,10 @@ def dropless(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array, e
     dot = lambda a, w: jax.lax.ragged_dot(a, w, counts_E.astype(jnp.int32))
     h_AxF = jax.nn.silu(dot(x_AxD, ex.w_gate_ExDxF)) * dot(x_AxD, ex.w_up_ExDxF)
     return _combine(dot(h_AxF, ex.w_down_ExFxD), plan, weights_TxK)
-  plan, expert_N, _ = dropless_plan(experts_TxK, E, block)
-  x_RxD = _expand(x_TxD, plan, K)
-  x_NxBxD = x_RxD.reshape(expert_N.shape[0], block, -1)
-  y_NxBxD = _swiglu(x_NxBxD, ex.w_gate_ExDxF[expert_N], ex.w_up_ExDxF[expert_N],
-                    ex.w_down_ExFxD[expert_N], "nbd,ndf->nbf", "nbf,nfd->nbd")
-  return _combine(y_NxBxD.reshape(x_RxD.shape), plan, weights_TxK)
+  plan, expert_N, counts_E = dropless_plan(experts_TxK, E, block)
+  n_used = ((counts_E + block - 1) // block).sum()
+  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, expert_N, n_used, block)
+  return _combine(y_RxD, plan, weights_TxK)
 
 
 def capacity_dispatch(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array,
@@ -183,10 +177,9 @@ def capacity_dispatch(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax
   E = ex.w_gate_ExDxF.shape[0]
   plan = capacity_plan(experts_TxK, priority_TxK, E, cap, group_size, keep_TxK)
   ex = _cast(ex, x_TxD.dtype)
-  x_RxD = _expand(x_TxD, plan, K)
-  x_NxExCxD = x_RxD.reshape(T // group_size, E, cap, -1)
-  y_NxExCxD = _swiglu(x_NxExCxD, *ex, "necd,edf->necf", "necf,efd->necd")
-  y_TxD = _combine(y_NxExCxD.reshape(x_RxD.shape), plan, weights_TxK)
+  expert_N = jnp.tile(jnp.arange(E, dtype=jnp.int32), T // group_size)
+  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, expert_N, jnp.asarray(expert_N.shape[0]), cap)
+  y_TxD = _combine(y_RxD, plan, weights_TxK)
   return y_TxD, plan.kept_A.reshape(T, K)
 
 

@@ -1,0 +1,147 @@
+"""Transformer building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU FFN.
+
+Pure functions hold the math; the `nnx.Module`s own float32 parameters and cast them (and
+their inputs) to the compute dtype at use.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+DTYPES = ("float32", "bfloat16")
+
+
+def init_normal(std: float) -> nnx.Initializer:
+  """Truncated normal (±2σ of the untruncated law) with standard deviation `std`."""
+  return nnx.initializers.truncated_normal(stddev=std)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) · scale over the last axis, computed in float32 and cast back to x's dtype."""
+  x32 = x.astype(jnp.float32)
+  inv = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return (x32 * inv * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm over the last axis with a learned `scale` (init ones)."""
+
+  def __init__(self, dim: int, *, eps: float = 1e-6, rngs: nnx.Rngs):
+    del rngs  # deterministic init; kept for a uniform constructor signature
+    self.eps = eps
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return rms_norm(x, self.scale[...], self.eps)
+
+
+def rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Array:
+  """Rotary position embedding, rotate-half convention (GPT-NeoX/Llama), float32 math."""
+  K = x_BxLxHxK.shape[-1]
+  inv_freq_F = theta ** (-jnp.arange(0, K // 2, dtype=jnp.float32) * 2.0 / K)
+  angle_BxLx1xF = (positions_BxL.astype(jnp.float32)[..., None] * inv_freq_F)[:, :, None, :]
+  cos, sin = jnp.cos(angle_BxLx1xF), jnp.sin(angle_BxLx1xF)
+  x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxLxHxK.dtype)
+
+
+def causal_attention(
+    q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array
+) -> jax.Array:
+  """Causal softmax attention with G kv heads shared by H/G consecutive query heads each.
+
+  Scores and softmax are float32; query head h reads kv head h // (H/G) (HF `repeat_kv`).
+  """
+  B, L, H, K = q_BxLxHxK.shape
+  G = k_BxLxGxK.shape[2]
+  q_BxLxGxRxK = q_BxLxHxK.reshape(B, L, G, H // G, K)
+  s_BxGxRxLxS = jnp.einsum(
+      "blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxLxGxK, preferred_element_type=jnp.float32
+  ) * (K**-0.5)
+  causal_LxS = jnp.tril(jnp.ones((L, L), dtype=bool))
+  s_BxGxRxLxS = jnp.where(causal_LxS, s_BxGxRxLxS, jnp.finfo(jnp.float32).min)
+  p_BxGxRxLxS = jax.nn.softmax(s_BxGxRxLxS, axis=-1).astype(v_BxLxGxK.dtype)
+  o_BxLxGxRxK = jnp.einsum("bgrls,bsgk->blgrk", p_BxGxRxLxS, v_BxLxGxK)
+  return o_BxLxGxRxK.reshape(B, L, H, K)
+
+
+class Attention(nnx.Module):
+  """Grouped-query causal self-attention with RoPE and optional QK-norm (OLMo/Qwen3)."""
+
+  def __init__(
+      self,
+      d_model: int,
+      n_heads: int,
+      n_kv_heads: int,
+      head_dim: int,
+      *,
+      qk_norm: bool = False,
+      rope_theta: float = 10000.0,
+      dtype: str = "float32",
+      init_std: float = 0.02,
+      out_std: float | None = None,
+      norm_eps: float = 1e-6,
+      rngs: nnx.Rngs,
+  ):
+    self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+    self.rope_theta = rope_theta
+    cdt = jnp.dtype(dtype)
+
+    def proj(n_in: int, n_out: int, std: float) -> nnx.Linear:
+      return nnx.Linear(n_in, n_out, use_bias=False, dtype=cdt, param_dtype=jnp.float32,
+                        kernel_init=init_normal(std), rngs=rngs)
+
+    self.q_proj = proj(d_model, n_heads * head_dim, init_std)
+    self.k_proj = proj(d_model, n_kv_heads * head_dim, init_std)
+    self.v_proj = proj(d_model, n_kv_heads * head_dim, init_std)
+    self.o_proj = proj(n_heads * head_dim, d_model, init_std if out_std is None else out_std)
+    if qk_norm:
+      self.q_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
+      self.k_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
+    else:
+      self.q_norm = self.k_norm = None
+
+  def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array) -> jax.Array:
+    B, L, _ = x_BxLxD.shape
+    q_BxLxHxK = self.q_proj(x_BxLxD).reshape(B, L, self.n_heads, self.head_dim)
+    k_BxLxGxK = self.k_proj(x_BxLxD).reshape(B, L, self.n_kv_heads, self.head_dim)
+    v_BxLxGxK = self.v_proj(x_BxLxD).reshape(B, L, self.n_kv_heads, self.head_dim)
+    if self.q_norm is not None:
+      q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
+    q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, self.rope_theta)
+    k_BxLxGxK = rope(k_BxLxGxK, positions_BxL, self.rope_theta)
+    o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
+    return self.o_proj(o_BxLxHxK.reshape(B, L, self.n_heads * self.head_dim))
+
+
+def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """SwiGLU FFN: (silu(x·W_gate) ⊙ x·W_up)·W_down, in the dtype of its inputs."""
+  return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+class DenseFFN(nnx.Module):
+  """Dense SwiGLU feed-forward; float32 params, computed in `dtype`."""
+
+  def __init__(
+      self,
+      d_model: int,
+      d_ff: int,
+      *,
+      dtype: str = "float32",
+      init_std: float = 0.02,
+      out_std: float | None = None,
+      rngs: nnx.Rngs,
+  ):
+    self.dtype = dtype
+    std_out = init_std if out_std is None else out_std
+    self.w_gate = nnx.Param(init_normal(init_std)(rngs.params(), (d_model, d_ff), jnp.float32))
+    self.w_up = nnx.Param(init_normal(init_std)(rngs.params(), (d_model, d_ff), jnp.float32))
+    self.w_down = nnx.Param(init_normal(std_out)(rngs.params(), (d_ff, d_model), jnp.float32))
+
+  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+    cdt = jnp.dtype(self.dtype)
+    return swiglu(x_BxLxD.astype(cdt), self.w_gate[...].astype(cdt),
+                  self.w_up[...].astype(cdt), self.w_down[...].astype(cdt))
