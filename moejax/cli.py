@@ -1,0 +1,67 @@
+"""Command-line plumbing shared by `moejax.train` and `moejax.evaluate`.
+
+User errors (bad config values, unknown keys, missing files) print one line and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Callable
+
+from absl import flags
+
+from moejax.errors import UserError
+
+
+def fail(message: str, code: int = 2) -> None:
+  """Prints `error: message` on one line to stderr and exits."""
+  print("error: " + " ".join(str(message).split()), file=sys.stderr)
+  sys.exit(code)
+
+
+def _unknown_key(argv: list[str], cfg) -> str | None:
+  """The first `--config.a.b=v` override whose key the loaded config does not have."""
+  for arg in argv:
+    m = re.match(r"--config\.([\w.]+)(=|$)", arg)
+    if not m:
+      continue
+    node = cfg
+    for part in m.group(1).split("."):
+      if not hasattr(node, "keys") or part not in node:
+        return m.group(1)
+      node = node[part]
+  return None
+
+
+def parse_flags(argv: list[str], config_flag) -> None:
+  """Parses absl flags, turning every parse problem into a one-line exit 2."""
+  try:
+    flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(e)
+  except (AttributeError, KeyError) as e:
+    key = _unknown_key(argv, config_flag.value) if _config_loads(config_flag) else None
+    fail(f"unknown config key --config.{key}" if key else f"bad --config override ({e})")
+
+
+def _config_loads(config_flag) -> bool:
+  try:
+    config_flag.value  # pylint: disable=pointless-statement
+    return True
+  except Exception:  # the override itself is what failed
+    return False
+
+
+def run_main(main: Callable[[], int | None]) -> None:
+  """Runs `main`, mapping UserError / missing files to one line and exit code 2."""
+  try:
+    code = main()
+  except UserError as e:
+    fail(e)
+  except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+    fail(f"{e.strerror}: {e.filename}")
+  except KeyboardInterrupt:
+    fail("interrupted; the last checkpoint is kept", 130)
+  sys.exit(code or 0)

@@ -1,0 +1,32 @@
+"""AdamW with linear warmup, cosine decay and global-norm clipping (config `optim.*`)."""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import optax
+
+
+def schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup to `optim.lr`, cosine decay to `lr · min_lr_ratio` at `train.steps`."""
+  o = c.optim
+  warmup = min(o.warmup_steps, max(c.train.steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=o.lr, warmup_steps=warmup,
+      decay_steps=max(c.train.steps, warmup + 1), end_value=o.lr * o.min_lr_ratio)
+
+
+def _decay_mask(params):
+  """Weight decay on matrices only; norms' scales and other vectors are not decayed."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def optimizer(c: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optax transformation and its learning-rate schedule."""
+  o = c.optim
+  lr = schedule(c)
+  tx = optax.chain(
+      optax.clip_by_global_norm(o.clip_norm) if o.clip_norm > 0 else optax.identity(),
+      optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                  mask=_decay_mask))
+  return tx, lr

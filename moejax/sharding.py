@@ -1,0 +1,56 @@
+"""Device mesh and placements: data parallel over (data, fsdp), experts over `expert`.
+
+Parameters are placed by a simple rule and left to GSPMD: stacked expert weights shard
+their expert axis over `expert`, other matrices their first axis over `fsdp`; the batch
+shards over data × fsdp. Collectives are inserted by XLA.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from moejax.errors import UserError
+
+AXES = ("data", "fsdp", "expert")
+
+
+def make_mesh(m: ml_collections.ConfigDict) -> Mesh:
+  """Mesh of shape (data, fsdp, expert); `mesh.data=-1` takes the remaining devices."""
+  n = jax.device_count()
+  for axis in ("fsdp", "expert"):
+    if m[axis] < 1:
+      raise UserError(f"mesh.{axis}={m[axis]} is not allowed; use an int >= 1")
+  data = m.data if m.data != -1 else n // (m.fsdp * m.expert)
+  if data < 1 or data * m.fsdp * m.expert != n:
+    raise UserError(f"mesh.data×mesh.fsdp×mesh.expert={m.data}×{m.fsdp}×{m.expert} must equal "
+                    f"the {n} devices (mesh.data=-1 fills in)")
+  devices = np.asarray(jax.devices()).reshape(data, m.fsdp, m.expert)
+  return Mesh(devices, AXES)
+
+
+def data_shards(mesh: Mesh) -> int:
+  """How many ways the batch is split (micro-batch balance-loss groups)."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(("data", "fsdp")))
+
+
+def _spec(path, leaf, mesh: Mesh) -> P:
+  shape = getattr(leaf, "shape", ())
+  names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  if "experts" in names and len(shape) == 3 and shape[0] % mesh.shape["expert"] == 0:
+    return P("expert")
+  if len(shape) >= 2 and shape[0] % mesh.shape["fsdp"] == 0:
+    return P("fsdp")
+  return P()
+
+
+def state_sharding(state, mesh: Mesh):
+  """NamedShardings for a train-state pytree (optimizer moments follow their params)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: NamedSharding(mesh, _spec(path, leaf, mesh)), state)

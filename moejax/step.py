@@ -1,0 +1,154 @@
+"""The jitted train and eval steps: pure functions of (graphdef, state, batch).
+
+The model travels as `nnx.split` state: trainable `params` (nnx.Param) and `router`
+(the non-trainable selection biases). The train step does gradient accumulation with
+`lax.scan`, AdamW, and the aux-loss-free bias update on global-batch loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from moejax import losses
+from moejax.moe import MoEBlock, RouterBias
+
+State = dict[str, Any]  # {"step", "params", "router", "opt_state"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Weights and granularity of the auxiliary losses (config `loss.*`)."""
+
+  balance_weight: float = 0.01
+  balance_granularity: str = "global_batch"
+  z_loss_weight: float = 0.001
+  bias_update_rate: float = 0.0
+  n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity
+  grad_accum: int = 1
+
+
+def split_model(model: nnx.Module):
+  """(graphdef, params, router) with the selection biases apart from the trainables."""
+  graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
+  return graphdef, params, router
+
+
+def moe_blocks(model: nnx.Module) -> list[MoEBlock]:
+  """The MoE blocks of a Transformer, in layer order."""
+  return [b.mlp for b in model.layers if isinstance(b.mlp, MoEBlock)]
+
+
+def forward_loss(graphdef, params, router, tokens_BxL1: jax.Array, rng: jax.Array | None,
+                 lc: LossConfig, f_LxE: jax.Array | None = None, train: bool = True):
+  """Total loss and its parts for one micro-batch; also per-layer assignment counts."""
+  model = nnx.merge(graphdef, params, router)
+  logits_BxLxV, moe_outs = model(tokens_BxL1[:, :-1], train=train, rng=rng)
+  lm_loss, _ = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
+  metrics = {"lm_loss": lm_loss}
+  loss = lm_loss
+  loads = []
+  if moe_outs:
+    balance = []
+    for j, out in enumerate(moe_outs):
+      st = out["stats"]
+      balance.append(losses.load_balance_loss(
+          st["probs"], st["assign"], granularity=lc.balance_granularity, n_shards=lc.n_shards,
+          f_E=None if f_LxE is None else f_LxE[j]))
+      loads.append(st["assign"].sum((0, 1)))
+      for name, value in out["aux"].items():
+        metrics[f"moe/layer{out['layer']}/{name}"] = value
+    balance_loss = jnp.mean(jnp.stack(balance))
+    z_loss = jnp.mean(jnp.stack([o["aux"]["z_loss"] for o in moe_outs]))
+    loss = loss + lc.balance_weight * balance_loss + lc.z_loss_weight * z_loss
+    metrics["moe/aux_loss"] = balance_loss
+    for name in moe_outs[0]["aux"]:
+      if name != "aux_loss":
+        metrics[f"moe/{name}"] = jnp.mean(jnp.stack([o["aux"][name] for o in moe_outs]))
+  metrics["loss"] = loss
+  loads_LxE = jnp.stack(loads) if loads else jnp.zeros((0,))
+  return loss, (metrics, loads_LxE)
+
+
+def _micro(tokens_BxL1: jax.Array, n: int) -> jax.Array:
+  B = tokens_BxL1.shape[0]
+  return tokens_BxL1.reshape(n, B // n, *tokens_BxL1.shape[1:])
+
+
+def global_fractions(graphdef, params, router, tokens_BxL1, lc: LossConfig, rng) -> jax.Array:
+  """f_i over the whole batch (all accumulation steps), from a forward-only pass."""
+  def body(total, xs):
+    toks, key = xs
+    _, (_, loads_LxE) = forward_loss(graphdef, params, router, toks, key, lc)
+    return total + loads_LxE, None
+  micro = _micro(tokens_BxL1, lc.grad_accum)
+  keys = jax.random.split(rng, lc.grad_accum)
+  _, (_, loads0) = jax.eval_shape(lambda: forward_loss(graphdef, params, router, micro[0],
+                                                        keys[0], lc))
+  total, _ = jax.lax.scan(body, jnp.zeros(loads0.shape, jnp.float32), (micro, keys))
+  return jax.lax.stop_gradient(total / total.sum(-1, keepdims=True))
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, lc: LossConfig,
+                    schedule: optax.Schedule):
+  """Returns train_step(state, tokens_BxL1, rng) -> (state, metrics), to jit with donation."""
+
+  def train_step(state: State, tokens_BxL1: jax.Array, rng: jax.Array):
+    params, router = state["params"], state["router"]
+    f_LxE = None
+    if lc.balance_granularity == "global_batch" and lc.grad_accum > 1:
+      f_LxE = global_fractions(graphdef, params, router, tokens_BxL1, lc, rng)
+    grad_fn = jax.value_and_grad(forward_loss, argnums=1, has_aux=True)
+
+    def body(acc, xs):
+      toks, key = xs
+      (_, (metrics, loads)), grads = grad_fn(graphdef, params, router, toks, key, lc, f_LxE)
+      return jax.tree.map(jnp.add, acc, (grads, metrics, loads)), None
+
+    micro = _micro(tokens_BxL1, lc.grad_accum)
+    keys = jax.random.split(rng, lc.grad_accum)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+        lambda: (params,) + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE)[0][1]))
+    (grads, metrics, loads_LxE), _ = jax.lax.scan(body, zeros, (micro, keys))
+    scale = 1.0 / lc.grad_accum
+    grads = jax.tree.map(lambda g: g * scale, grads)
+    metrics = jax.tree.map(lambda m: m * scale, metrics)
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    params = optax.apply_updates(params, updates)
+    if lc.bias_update_rate > 0:
+      router = update_router_bias(graphdef, params, router, loads_LxE, lc.bias_update_rate)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["lr"] = schedule(state["step"])
+    new_state = {"step": state["step"] + 1, "params": params, "router": router,
+                 "opt_state": opt_state}
+    return new_state, metrics
+
+  return train_step
+
+
+def update_router_bias(graphdef, params, router, loads_LxE: jax.Array, rate: float):
+  """b_i += γ·sign(mean load − load_i) in every MoE layer, on global-batch loads."""
+  model = nnx.merge(graphdef, params, router)
+  for block, load_E in zip(moe_blocks(model), loads_LxE):
+    bias = block.router.bias
+    bias[...] = losses.bias_update(bias[...], load_E, rate)
+  return nnx.state(model, RouterBias)
+
+
+def make_eval_step(graphdef, *, k: int | None = None, k2: int | None = None):
+  """eval_step(params, router, tokens_BxL1) -> per-sequence loss, accuracy and MoE aux."""
+
+  def eval_step(params, router, tokens_BxL1: jax.Array):
+    model = nnx.merge(graphdef, params, router)
+    logits_BxLxV, moe_outs = model(tokens_BxL1[:, :-1], k=k, k2=k2, train=False)
+    _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
+    acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
+    aux = {o["layer"]: o["aux"] for o in moe_outs}
+    return {"loss_B": loss_BxL.mean(-1), "accuracy_B": acc_BxL.mean(-1), "aux": aux}
+
+  return eval_step

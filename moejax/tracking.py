@@ -1,0 +1,79 @@
+"""Run tracking: `DIR/metrics.jsonl` always, wandb on process 0 when enabled.
+
+`wandb.mode=auto` logs online when an API key is configured and offline otherwise (then
+`wandb sync DIR/wandb/offline-run-*` uploads later). The run id is kept in
+`DIR/wandb_run_id` so a resumed run continues the same wandb run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from typing import Any
+
+import jax
+
+
+def git_commit() -> str:
+  """The source tree's git commit, or "unknown" outside a checkout."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
+                         text=True, timeout=5)
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _wandb_mode(mode: str) -> str:
+  if mode != "auto":
+    return mode
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel
+    return "online" if wandb.api.api_key else "offline"
+  except Exception:  # no key store, no network: offline is always safe
+    return "offline"
+
+
+def _jsonable(v: Any) -> Any:
+  v = float(v) if hasattr(v, "dtype") or isinstance(v, float) else v
+  return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class Tracker:
+  """Appends metric rows to metrics.jsonl and mirrors them to wandb."""
+
+  def __init__(self, workdir: str, config: dict, *, mode: str, project: str, entity: str = "",
+               name: str = "", tags: str = ""):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.run = None
+    self.note = ""
+    if jax.process_index() != 0 or mode == "disabled":
+      return
+    import wandb  # pylint: disable=import-outside-toplevel
+    mode = _wandb_mode(mode)
+    id_path = os.path.join(workdir, "wandb_run_id")
+    run_id = open(id_path).read().strip() if os.path.exists(id_path) else wandb.util.generate_id()
+    self.run = wandb.init(project=project, entity=entity or None, name=name or None,
+                          tags=[t for t in tags.split(",") if t] or None, config=config,
+                          dir=workdir, id=run_id, resume="allow", mode=mode)
+    with open(id_path, "w") as f:
+      f.write(run_id)
+    if mode == "offline":
+      self.note = f"wandb is offline; upload with: wandb sync {workdir}/wandb/offline-run-*"
+
+  def log(self, row: dict[str, Any]) -> None:
+    """Writes one row (must contain `step`)."""
+    if jax.process_index() != 0:
+      return
+    row = {k: _jsonable(v) for k, v in row.items()}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self.run is not None:
+      self.run.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+
+  def finish(self) -> None:
+    if self.run is not None:
+      self.run.finish()

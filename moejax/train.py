@@ -1,0 +1,34 @@
+"""`python -m moejax.train --config configs/X.py --workdir DIR [--config.a.b=v ...]`.
+
+Trains from scratch, or resumes from the latest checkpoint in DIR when one exists.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from moejax import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A get_config() file (configs/*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints.")
+
+
+def main() -> int:
+  cli.parse_flags(sys.argv, _CONFIG)
+  if _CONFIG.value is None:
+    cli.fail("--config is required, e.g. --config configs/quickstart.py")
+  if not _WORKDIR.value:
+    cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
+  from moejax import trainer  # pylint: disable=import-outside-toplevel  (jax import is slow)
+  try:
+    trainer.train(_CONFIG.value, _WORKDIR.value)
+  except trainer.Diverged as e:
+    cli.fail(e, code=1)
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run_main(main)

@@ -1,0 +1,199 @@
+"""The training loop: build everything from a config, resume, train, evaluate, checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from moejax import checkpoint, config as config_lib, optim, sharding, step as step_lib, tracking
+from moejax.data import Data, make_data
+from moejax.errors import UserError
+from moejax.model import Transformer
+
+# Config sections that must match the workdir's config.json to resume.
+FROZEN_SECTIONS = ("model", "data")
+
+
+class Diverged(RuntimeError):
+  """The loss became NaN or inf; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a run is built from; shared by the trainer and the evaluator."""
+
+  config: ml_collections.ConfigDict
+  data: Data
+  graphdef: nnx.GraphDef
+  state: dict
+  mesh: jax.sharding.Mesh
+  n_params: int
+  n_active: int
+
+
+def count_params(params, moe_cfg) -> tuple[int, int]:
+  """(total, active per token): routed experts count K/E of their weights as active."""
+  total = active = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    names = [str(getattr(k, "key", k)) for k in path]
+    total += leaf.size
+    share = moe_cfg.top_k / moe_cfg.n_experts if moe_cfg and "experts" in names else 1.0
+    active += int(leaf.size * share)
+  return total, active
+
+
+def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
+  """Data, model, optimizer state and mesh from a validated config (no checkpoint yet)."""
+  config_lib.validate(c)
+  mesh = sharding.make_mesh(c.mesh)
+  if c.data.batch_size % (sharding.data_shards(mesh) * c.train.grad_accum):
+    raise UserError(f"data.batch_size={c.data.batch_size} must divide by mesh data×fsdp "
+                    f"({sharding.data_shards(mesh)}) × train.grad_accum ({c.train.grad_accum})")
+  data = make_data(c.data, seed=c.train.seed, workdir=workdir)
+  mc = config_lib.model_config(c, data.tokenizer.vocab_size)
+  model = Transformer(mc, rngs=nnx.Rngs(c.train.seed))
+  graphdef, params, router = step_lib.split_model(model)
+  tx, _ = optim.optimizer(c)
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "router": router,
+           "opt_state": tx.init(params)}
+  state = jax.device_put(state, sharding.state_sharding(state, mesh))
+  n_params, n_active = count_params(params, mc.moe)
+  return Run(c, data, graphdef, state, mesh, n_params, n_active)
+
+
+def resolved_config(run: Run) -> dict:
+  """config.json: the full config plus what the run resolved (vocab, corpus, versions)."""
+  out = run.config.to_dict()
+  out["resolved"] = {
+      "vocab_size": run.data.tokenizer.vocab_size, "data": run.data.describe(),
+      "n_params": run.n_params, "n_active_params": run.n_active,
+      "python": sys.version.split()[0], "jax": jax.__version__,
+      "git_commit": tracking.git_commit(), "devices": jax.device_count(),
+      "backend": jax.default_backend()}
+  return out
+
+
+def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
+  """Resuming with a different model or data config would silently change the run."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  try:
+    saved = json.load(open(path))
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserError(f"{path} is unreadable ({e}); use a new --workdir") from None
+  for section in FROZEN_SECTIONS:
+    for key, value in c[section].to_dict().items():
+      if saved.get(section, {}).get(key, value) != value:
+        raise UserError(f"{section}.{key}={value!r} differs from {path} "
+                        f"({saved[section][key]!r}); resume with the same value or use a new "
+                        f"--workdir")
+
+
+def truncate_metrics(workdir: str, step: int) -> None:
+  """Drops metric rows past the restored step, so a resumed run does not log twice."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  rows = [line for line in open(path) if line.strip() and json.loads(line)["step"] <= step]
+  with open(path, "w") as f:
+    f.writelines(rows)
+
+
+def held_out_loss(eval_step, state: dict, batches: list[np.ndarray]) -> float:
+  """Mean next-token loss (nats/token) over the held-out batches."""
+  total = count = 0.0
+  for tokens in batches:
+    out = eval_step(state["params"], state["router"], jnp.asarray(tokens))
+    total += float(out["loss_B"].sum())
+    count += tokens.shape[0]
+  return total / count
+
+
+def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
+  """Trains (resuming from the latest checkpoint in `workdir`) and returns a summary."""
+  os.makedirs(workdir, exist_ok=True)
+  check_resume_config(workdir, c)
+  run = build(c, workdir)
+  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  it = run.data.train_iterator()
+  state, start = run.state, 0
+  if mngr.latest_step() is not None:
+    start, state, data_state = checkpoint.restore(mngr, run.state)
+    it.set_state(data_state)
+    truncate_metrics(workdir, start)
+    log(f"resumed from {workdir}/checkpoints/{start}")
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(resolved_config(run), f, indent=2)
+
+  tx, schedule = optim.optimizer(c)
+  lc = step_lib.LossConfig(
+      balance_weight=c.loss.balance_weight, balance_granularity=c.loss.balance_granularity,
+      z_loss_weight=c.loss.z_loss_weight, bias_update_rate=c.loss.bias_update_rate,
+      n_shards=sharding.data_shards(run.mesh), grad_accum=c.train.grad_accum)
+  state_shardings = sharding.state_sharding(state, run.mesh)
+  train_step = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule),
+                       donate_argnums=0, out_shardings=(state_shardings, None))
+  eval_step = jax.jit(step_lib.make_eval_step(run.graphdef))
+  eval_batches = run.data.eval_batches(c.train.eval_sequences, c.eval.batch_size)
+  tracker = tracking.Tracker(workdir, resolved_config(run), mode=c.wandb.mode,
+                             project=c.wandb.project, entity=c.wandb.entity,
+                             name=c.wandb.name, tags=c.wandb.tags)
+  log(f"model: {run.n_params:,} params, {run.n_active:,} active per token; "
+      f"data: {run.data.corpus.name}, {run.data.train_tokens:,} train tokens; "
+      f"unigram baseline {run.data.unigram_entropy:.3f} nats/token")
+  if tracker.note:
+    log(tracker.note)
+
+  rng = jax.random.key(c.train.seed)
+  batch_sharding = sharding.batch_sharding(run.mesh)
+  tokens_per_step = c.data.batch_size * c.data.seq_len
+  bar = _progress(start, c.train.steps, c.train.progress)
+  last_saved, t0, t_last, step_last = start, time.time(), time.time(), start
+  eval_loss = None
+  for step in range(start, c.train.steps):
+    tokens = jax.device_put(next(it)["tokens"], batch_sharding)
+    state, metrics = train_step(state, tokens, jax.random.fold_in(rng, step))
+    done = step + 1
+    is_last = done == c.train.steps
+    if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
+      row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      if not np.isfinite(row["loss"]):
+        raise Diverged(f"loss is {row['loss']} at step {done}; stopped. The last good "
+                       f"checkpoint is {workdir}/checkpoints/{last_saved}")
+      now = time.time()
+      row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
+      t_last, step_last = now, done
+      if done % c.train.eval_every == 0 or is_last:
+        eval_loss = row["eval_loss"] = held_out_loss(eval_step, state, eval_batches)
+      if done % c.train.log_every == 0 or is_last:
+        tracker.log({"step": done, **row})
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
+      if done % c.train.ckpt_every == 0 or is_last:
+        checkpoint.save(mngr, done, state, it.get_state())
+        last_saved = done
+    bar.update(1)
+  bar.close()
+  tracker.finish()
+  summary = {"workdir": workdir, "steps": c.train.steps, "eval_loss": eval_loss,
+             "unigram_entropy": run.data.unigram_entropy, "seconds": time.time() - t0}
+  if eval_loss is not None:
+    log(f"held-out loss {eval_loss:.3f} nats/token vs unigram baseline "
+        f"{run.data.unigram_entropy:.3f} ({time.time() - t0:.0f} s)")
+  log(f"outputs: {workdir}/config.json, {workdir}/metrics.jsonl, {workdir}/checkpoints/")
+  return summary
+
+
+def _progress(start: int, total: int, enabled: bool):
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  return tqdm(total=total, initial=start, disable=not enabled, dynamic_ncols=True,
+              desc="train", file=sys.stderr)
