@@ -42,16 +42,31 @@ def parse_flags(argv: list[str], config_flag) -> None:
   except flags.Error as e:
     fail(e)
   except (AttributeError, KeyError) as e:
-    key = _unknown_key(argv, config_flag.value) if _config_loads(config_flag) else None
-    fail(f"unknown config key --config.{key}" if key else f"bad --config override ({e})")
+    cfg = _load_config_file(argv)
+    key = _unknown_key(argv, cfg) if cfg is not None else None
+    fail(f"unknown config key --config.{key}; see the keys in moejax/config.py" if key
+         else f"bad --config override ({e})")
 
 
-def _config_loads(config_flag) -> bool:
-  try:
-    config_flag.value  # pylint: disable=pointless-statement
-    return True
-  except Exception:  # the override itself is what failed
-    return False
+def _load_config_file(argv: list[str]):
+  """The config named by `--config[=]path[:arg]`, loaded without the overrides."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  for i, arg in enumerate(argv):
+    if arg == "--config" and i + 1 < len(argv):
+      spec = argv[i + 1]
+    elif arg.startswith("--config="):
+      spec = arg.split("=", 1)[1]
+    else:
+      continue
+    path, _, config_arg = spec.partition(":")
+    try:
+      module_spec = importlib.util.spec_from_file_location("_moejax_config", path)
+      module = importlib.util.module_from_spec(module_spec)
+      module_spec.loader.exec_module(module)
+      return module.get_config(config_arg) if config_arg else module.get_config()
+    except Exception:  # the caller falls back to the generic message
+      return None
+  return None
 
 
 def run_main(main: Callable[[], int | None]) -> None:

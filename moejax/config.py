@@ -39,7 +39,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = data_lib.default_config().to_dict()
   c.data.update(batch_size=16, seq_len=128)
   c.train = dict(steps=1000, seed=0, log_every=10, eval_every=200, eval_sequences=64,
-                 ckpt_every=200, keep_checkpoints=3, grad_accum=1, progress=True)
+                 ckpt_every=200, keep_checkpoints=3, grad_accum=1, progress=True,
+                 stop_at=0)  # stop_at: leave early at this step (0: train.steps)
   c.optim = dict(lr=3e-3, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9,
                  b2=0.95, eps=1e-8, clip_norm=1.0)
   c.eval = dict(k1="", k2="", sequences=256, batch_size=32, bootstrap_resamples=2000,
@@ -103,6 +104,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.data.batch_size % c.train.grad_accum:
     raise UserError(f"train.grad_accum={c.train.grad_accum} must divide data.batch_size="
                     f"{c.data.batch_size}")
+  if not 0 <= c.train.stop_at <= c.train.steps:
+    raise UserError(f"train.stop_at={c.train.stop_at} is not allowed; use 0 (no early stop) "
+                    f"to train.steps={c.train.steps}")
   if not 0 <= c.optim.min_lr_ratio <= 1:
     raise UserError(f"optim.min_lr_ratio={c.optim.min_lr_ratio} is not allowed; use [0, 1]")
   model_config(c, vocab_size=max(c.model.vocab_size, 2))

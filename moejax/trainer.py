@@ -157,14 +157,15 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   rng = jax.random.key(c.train.seed)
   batch_sharding = sharding.batch_sharding(run.mesh)
   tokens_per_step = c.data.batch_size * c.data.seq_len
-  bar = _progress(start, c.train.steps, c.train.progress)
+  bar = _progress(start, c.train.stop_at or c.train.steps, c.train.progress)
   last_saved, t0, t_last, step_last = start, time.time(), time.time(), start
   eval_loss = None
-  for step in range(start, c.train.steps):
+  end = c.train.stop_at or c.train.steps
+  for step in range(start, end):
     tokens = jax.device_put(next(it)["tokens"], batch_sharding)
     state, metrics = train_step(state, tokens, jax.random.fold_in(rng, step))
     done = step + 1
-    is_last = done == c.train.steps
+    is_last = done == end
     if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
       row = {k: float(v) for k, v in jax.device_get(metrics).items()}
       if not np.isfinite(row["loss"]):

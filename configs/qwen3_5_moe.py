@@ -1,0 +1,32 @@
+"""Qwen3.5-MoE (Qwen3-Next lineage, e.g. Qwen3.5-35B-A3B) family preset, scaled down.
+
+Copied from the public configuration (transformers Qwen3_5MoeTextConfig defaults, modelled
+on Qwen3.5-35B-A3B; Qwen3-Next-80B-A3B is the same MoE design with 512 experts, top-10):
+  * 256 routed experts, top-8, softmax then renormalization over the top-k (unconditional in
+    the Qwen3.5-MoE code), plus one shared expert of the routed width (512) gated by
+    sigmoid(x . w_g) (`qwen3_5_moe` rule). Every layer MoE, dropless.
+  * router_aux_loss_coef 0.001; balanced over the global batch as in Qwen3 (the Qwen3.5
+    training recipe itself is not public in that detail). No z-loss.
+  * QK-norm, GQA 16 query / 2 kv heads, untied embeddings.
+Scaled down: 256 experts -> 16, top-8 -> 4, 40 layers -> 4, d_model 2048 -> 64, expert and
+shared width 512 -> 32. Not modelled: the 3:1 Gated DeltaNet / gated-attention hybrid, partial
+RoPE, zero-centred norms, MTP.
+"""
+
+import ml_collections
+
+from moejax import config as config_lib
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = config_lib.base_config()
+  d_expert = 32
+  c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=1, tie_embeddings=False,
+                 qk_norm=True, moe_every=1, first_dense=0)
+  c.model.moe.update(rule="qwen3_5_moe", n_experts=16, top_k=4, d_expert=d_expert,
+                     d_shared=1 * d_expert, dispatch="dropless")
+  c.loss.update(balance_weight=0.001, balance_granularity="global_batch", z_loss_weight=0.0)
+  c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
+  c.train.update(steps=300, eval_every=100, ckpt_every=100)
+  c.optim.update(warmup_steps=30)
+  return c
