@@ -69,7 +69,7 @@ def dropless_plan(experts_TxK: jax.Array, n_experts: int,
   """
   T, K = experts_TxK.shape
   A, E = T * K, n_experts
-  e_A = experts_TxK.reshape(A)
+  e_A = jnp.asarray(experts_TxK).reshape(A)
   order_A = jnp.argsort(e_A, stable=True)
   counts_E = jnp.bincount(e_A, length=E)
   padded_E = (counts_E + block - 1) // block * block
@@ -100,8 +100,8 @@ def capacity_plan(experts_TxK: jax.Array, priority_TxK: jax.Array, n_experts: in
   """
   T, K = experts_TxK.shape
   n_groups, G = T // group_size, group_size
-  e_NxA = experts_TxK.reshape(n_groups, G * K)
-  pri_NxA = priority_TxK.reshape(n_groups, G * K)
+  e_NxA = jnp.asarray(experts_TxK).reshape(n_groups, G * K)
+  pri_NxA = jnp.asarray(priority_TxK).reshape(n_groups, G * K)
   # Sort by (expert, priority descending); ties keep assignment order.
   order_NxA = jnp.lexsort((-pri_NxA, e_NxA), axis=-1)
   e_sorted_NxA = jnp.take_along_axis(e_NxA, order_NxA, -1)
@@ -134,7 +134,7 @@ def random_second_expert(weights_TxK: jax.Array, rng: jax.Array,
 
 
 def _cast(experts: ExpertWeights, dtype) -> ExpertWeights:
-  return ExpertWeights(*(w.astype(dtype) for w in experts))
+  return ExpertWeights(*(jnp.asarray(w, dtype) for w in experts))
 
 
 def _combine(y_RxD, plan: Plan, weights_TxK: jax.Array) -> jax.Array:

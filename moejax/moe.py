@@ -55,6 +55,9 @@ class MoEConfig:
       raise UserError(f"moe.jitter_eps={self.jitter_eps} is not allowed; use 0 <= eps < 1")
     if self.dtype not in DTYPES:
       raise UserError(f"moe.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+    if not 1 <= self.top_k <= self.n_experts:
+      raise UserError(f"moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= "
+                      f"n_experts={self.n_experts}")
     routing.validate(self.merge_rule, self.n_experts, self.top_k)
     dsp.validate_dispatch(self.dispatch, self.drop_policy, self.second_expert, self.impl,
                           self.capacity_factor, self.eval_capacity_factor, self.min_capacity,
