@@ -110,3 +110,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if not 0 <= c.optim.min_lr_ratio <= 1:
     raise UserError(f"optim.min_lr_ratio={c.optim.min_lr_ratio} is not allowed; use [0, 1]")
   model_config(c, vocab_size=max(c.model.vocab_size, 2))
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A config saved by an earlier run (config.json), with defaults for keys added since."""
+  c = base_config()
+
+  def merge(node: ml_collections.ConfigDict, values: dict) -> None:
+    for key, value in values.items():
+      if key in node and isinstance(node[key], ml_collections.ConfigDict):
+        merge(node[key], value)
+      elif key in node:
+        node[key] = value
+
+  merge(c, saved)
+  return c

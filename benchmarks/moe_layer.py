@@ -1,0 +1,61 @@
+"""MoEBlock forward+backward time over a dense SwiGLU FFN of width K·f on the same tokens.
+
+Run: python benchmarks/moe_layer.py [--repeats 7] [--block 64]
+Prints one row per (T, d, f, E, K) with the ratios dropless/dense and capacity(1.25)/dense,
+measured interleaved in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import interleaved_min  # noqa: E402
+
+from moejax.layers import DenseFFN  # noqa: E402
+from moejax.moe import MoEBlock, MoEConfig  # noqa: E402
+
+CASES = [(4096, 256, 256, 16, 4), (8192, 256, 128, 64, 8)]
+
+
+def fwd_bwd(module: nnx.Module, x_TxD: jax.Array, is_moe: bool):
+  """A jitted closure computing grads of sum(y) w.r.t. params and x."""
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+  def loss(params, x):
+    y = nnx.merge(graphdef, params, rest)(x)
+    y = y[0] if is_moe else y
+    return jnp.sum(y.astype(jnp.float32))
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  return lambda: grad(params, x_TxD)
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--block", type=int, default=64)
+  args = p.parse_args()
+  print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")
+  print("T     d   f   E  K  | dense ms | dropless/dense | capacity1.25/dense")
+  for T, d, f, E, K in CASES:
+    x = jax.random.normal(jax.random.key(0), (T, d), jnp.float32)
+    rngs = nnx.Rngs(0)
+    fns = {"dense": fwd_bwd(DenseFFN(d, K * f, rngs=rngs), x, False)}
+    for mode in ("dropless", "capacity"):
+      cfg = MoEConfig(d_model=d, n_experts=E, top_k=K, d_expert=f, dispatch=mode,
+                      capacity_factor=1.25, eval_capacity_factor=1.25, block_size=args.block)
+      fns[mode] = fwd_bwd(MoEBlock(cfg, rngs=rngs), x, True)
+    t = interleaved_min(fns, args.repeats)
+    print(f"{T:<5} {d:<3} {f:<3} {E:<2} {K}  | {t['dense'] * 1e3:8.1f} | "
+          f"{t['dropless'] / t['dense']:14.2f} | {t['capacity'] / t['dense']:18.2f}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
