@@ -10,9 +10,9 @@ from moejax.config import base_config
 
 def get_config():
   c = base_config()
-  c.train.steps = 600
+  c.train.steps = 500
   c.train.log_every = 20
-  c.train.eval_every = 200
-  c.train.ckpt_every = 200
+  c.train.eval_every = 250
+  c.train.ckpt_every = 250
   c.eval.after_train = True
   return c

@@ -1,0 +1,89 @@
+"""Runs the k1:k2 grid of a training run's checkpoint and writes DIR/eval/ (DESIGN.md §7).
+
+Deltas are paired per sequence against the native k1 = K cell: a seeded percentile
+bootstrap CI of the mean difference and a two-sided paired t-test p-value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from moejax.errors import UserError
+
+
+def load_config(workdir: str):
+  """The run's saved config (config.json without the `resolved` section)."""
+  from moejax import config  # pylint: disable=import-outside-toplevel
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise UserError(f"{path} not found; --workdir must be a moejax training run")
+  try:
+    saved = json.load(open(path))
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserError(f"{path} is unreadable ({e})") from None
+  return config.from_saved(saved)
+
+
+def run_grid(workdir: str, *, step: int | None = None, k1: str = "", k2: str = "",
+             sequences: int | None = None, batch_size: int | None = None,
+             resamples: int | None = None, log=print) -> list[dict]:
+  """Runs every cell and writes the grid files; returns the rows."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from moejax import checkpoint, grid_report, kgrid, trainer  # pylint: disable=import-outside-toplevel
+
+  c = load_config(workdir)
+  c.mesh.data = -1  # evaluate on whatever devices this machine has
+  c.mesh.fsdp = c.mesh.expert = 1
+  for name, value in (("--sequences", sequences), ("--batch_size", batch_size),
+                      ("--resamples", resamples)):
+    if value is not None and value < (1000 if name == "--resamples" else 1):
+      raise UserError(f"{name}={value} is not allowed; use an int >= "
+                          f"{1000 if name == '--resamples' else 1}")
+  if c.model.moe_every == 0:
+    raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  k1s = kgrid.parse_k1(k1, K, E)
+  cells = kgrid.cells(k1s, kgrid.parse_k2(k2, K, E, k1s), K, E)
+  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  if mngr.latest_step() is None:
+    raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")
+  run = trainer.build(c, workdir)
+  step, state, _ = checkpoint.restore(mngr, run.state, step)
+  batches = [np.asarray(b) for b in run.data.eval_batches(
+      sequences or c.eval.sequences, batch_size or c.eval.batch_size)]
+  resamples = resamples or c.eval.bootstrap_resamples
+  log(f"k-grid of {workdir} step {step}: {len(cells)} cells on "
+      f"{sum(b.shape[0] for b in batches)} held-out sequences")
+  results = {cell: kgrid.evaluate_cell(run.graphdef, state, batches, *cell) for cell in cells}
+  ref = results[(K, "native")]
+  rows = [dict(kgrid.row(cell, results[cell], ref, resamples=resamples, seed=c.train.seed),
+               step=step) for cell in cells]
+  out = os.path.join(workdir, "eval")
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "k_grid.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  title = f"{c.model.moe.rule} K={K} E={E} step {step}: Δ loss vs native k1=K"
+  grid_report.write_markdown(rows, os.path.join(out, "k_grid.md"), title=title)
+  grid_report.write_heatmap(rows, os.path.join(out, "k_grid.png"), title=title)
+  _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
+  return rows
+
+
+def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
+  """Adds the grid to the training run's wandb (same run id) when wandb is on."""
+  id_path = os.path.join(workdir, "wandb_run_id")
+  if c.wandb.mode == "disabled" or not os.path.exists(id_path):
+    return
+  import wandb  # pylint: disable=import-outside-toplevel
+  from moejax.tracking import _wandb_mode  # pylint: disable=import-outside-toplevel
+  run = wandb.init(project=c.wandb.project, entity=c.wandb.entity or None, dir=workdir,
+                   id=open(id_path).read().strip(), resume="allow",
+                   mode=_wandb_mode(c.wandb.mode))
+  columns = ["k1", "k2", "loss", "accuracy", "delta", "delta_lo", "delta_hi", "p_value",
+             "routed_mass", "gain"]
+  table = wandb.Table(columns=columns, data=[
+      [r["k1"], str(r["k2"]), r["loss"], r["accuracy"], r["delta"], *r["delta_ci95"],
+       r["p_value"], r["routed_mass"], r["gain"]] for r in rows])
+  run.log({"eval/k_grid": table, "eval/k_grid_heatmap": wandb.Image(png)})
+  run.finish()
