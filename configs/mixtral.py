@@ -6,6 +6,8 @@ Copied from the public configuration (mistralai/Mixtral-8x7B-v0.1 config.json, H
   * Load-balancing loss weight 0.02: `router_aux_loss_coef` in the released config.json
     (the transformers MixtralConfig default is 0.001; Mistral's own training weight is not
     public). HF computes it over the whole forward batch (`micro_batch`). No z-loss.
+  * Note: HF's balance loss sums f over the K choices (balanced value K); moejax normalizes
+    sum f = 1 (balanced value 1), so this public weight acts K times weaker here.
   * GQA 32 query / 8 kv heads (ratio 4), untied embeddings, RoPE theta 1e6.
 Scaled down: d_model 4096 -> 64, 32 layers -> 4, expert FFN 14336 (3.5x d_model) -> 128 (2x);
 byte tokenizer, stdlib corpus. Sliding-window attention (Mistral 7B) is not modelled.

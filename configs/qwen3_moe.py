@@ -5,6 +5,8 @@ Copied from the public configuration (Qwen/Qwen3-30B-A3B config.json; Qwen3 repo
     (norm_topk_prob true, `qwen3_moe` rule). Every layer MoE, dropless.
   * Load-balancing loss router_aux_loss_coef 0.001, with global-batch balancing (the report
     computes the balance statistics over the global batch, not each micro-batch). No z-loss.
+  * Note: HF's balance loss sums f over the K choices (balanced value K); moejax normalizes
+    sum f = 1 (balanced value 1), so this public weight acts K times weaker here.
   * QK-norm (RMSNorm on q and k per head), GQA 32 query / 4 kv heads, untied embeddings
     (30B-A3B; the small dense Qwen3 models tie them).
 Scaled down: 128 experts -> 16, top-8 -> 4, 48 layers -> 4, d_model 2048 -> 64, expert width
