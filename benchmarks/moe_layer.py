@@ -49,12 +49,23 @@ def main() -> None:
     rngs = nnx.Rngs(0)
     fns = {"dense": fwd_bwd(DenseFFN(d, K * f, rngs=rngs), x, False)}
     for mode in ("dropless", "capacity"):
-      cfg = MoEConfig(d_model=d, n_experts=E, top_k=K, d_expert=f, dispatch=mode,
-                      capacity_factor=1.25, eval_capacity_factor=1.25, block_size=args.block)
+      cfg = MoEConfig(
+        d_model=d,
+        n_experts=E,
+        top_k=K,
+        d_expert=f,
+        dispatch=mode,
+        capacity_factor=1.25,
+        eval_capacity_factor=1.25,
+        block_size=args.block,
+      )
       fns[mode] = fwd_bwd(MoEBlock(cfg, rngs=rngs), x, True)
     t = interleaved_min(fns, args.repeats)
-    print(f"{T:<5} {d:<3} {f:<3} {E:<2} {K}  | {t['dense'] * 1e3:8.1f} | "
-          f"{t['dropless'] / t['dense']:14.2f} | {t['capacity'] / t['dense']:18.2f}", flush=True)
+    print(
+      f"{T:<5} {d:<3} {f:<3} {E:<2} {K}  | {t['dense'] * 1e3:8.1f} | "
+      f"{t['dropless'] / t['dense']:14.2f} | {t['capacity'] / t['dense']:18.2f}",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,12 @@ def jitted_step(c):
   """(step fn closure, compile seconds, active params) for config c."""
   run = trainer.build(c, workdir=None)
   tx, schedule = optim.optimizer(c)
-  lc = step_lib.LossConfig(balance_weight=c.loss.balance_weight,
-                           balance_granularity=c.loss.balance_granularity,
-                           z_loss_weight=c.loss.z_loss_weight,
-                           n_shards=sharding.data_shards(run.mesh))
+  lc = step_lib.LossConfig(
+    balance_weight=c.loss.balance_weight,
+    balance_granularity=c.loss.balance_granularity,
+    z_loss_weight=c.loss.z_loss_weight,
+    n_shards=sharding.data_shards(run.mesh),
+  )
   fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule))
   tokens = next(run.data.train_iterator())["tokens"]
   t = time.perf_counter()
@@ -62,8 +64,10 @@ def main() -> None:
   tokens = moe_cfg.data.batch_size * moe_cfg.data.seq_len
   print(f"backend={jax.default_backend()} tokens/step={tokens}")
   print(f"active params: moe {moe_active:,}  dense {dense_active:,}")
-  print(f"tokens/s: moe {tokens / t['moe']:,.0f}  dense {tokens / t['dense']:,.0f}  "
-        f"ratio moe/dense {t['dense'] / t['moe']:.2f}")
+  print(
+    f"tokens/s: moe {tokens / t['moe']:,.0f}  dense {tokens / t['dense']:,.0f}  "
+    f"ratio moe/dense {t['dense'] / t['moe']:.2f}"
+  )
   print(f"first-step compile: moe {moe_compile:.1f} s  dense {dense_compile:.1f} s")
   print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 

@@ -23,13 +23,29 @@ from moejax import config as config_lib
 def get_config() -> ml_collections.ConfigDict:
   c = config_lib.base_config()
   n_shared, d_expert, top_k = 1, 32, 4
-  c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, tie_embeddings=False,
-                 d_ff=(top_k + n_shared) * d_expert, moe_every=1, first_dense=1)
-  c.model.moe.update(rule="deepseek_v3", n_experts=16, top_k=top_k, d_expert=d_expert,
-                     d_shared=n_shared * d_expert, dispatch="dropless",
-                     n_groups=8, topk_groups=4)
-  c.loss.update(balance_weight=0.0001, balance_granularity="sequence", z_loss_weight=0.0,
-                bias_update_rate=0.001)
+  c.model.update(
+    d_model=64,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=4,
+    tie_embeddings=False,
+    d_ff=(top_k + n_shared) * d_expert,
+    moe_every=1,
+    first_dense=1,
+  )
+  c.model.moe.update(
+    rule="deepseek_v3",
+    n_experts=16,
+    top_k=top_k,
+    d_expert=d_expert,
+    d_shared=n_shared * d_expert,
+    dispatch="dropless",
+    n_groups=8,
+    topk_groups=4,
+  )
+  c.loss.update(
+    balance_weight=0.0001, balance_granularity="sequence", z_loss_weight=0.0, bias_update_rate=0.001
+  )
   c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
   c.train.update(steps=300, eval_every=100, ckpt_every=100)
   c.optim.update(warmup_steps=30)

@@ -20,10 +20,24 @@ from moejax import config as config_lib
 def get_config() -> ml_collections.ConfigDict:
   c = config_lib.base_config()
   d_model = 64
-  c.model.update(d_model=d_model, n_layers=4, n_heads=4, n_kv_heads=4, tie_embeddings=False,
-                 qk_norm=True, moe_every=1, first_dense=0)
-  c.model.moe.update(rule="olmo", n_experts=16, top_k=4, d_expert=d_model // 2,
-                     d_shared=2 * d_model, dispatch="dropless")
+  c.model.update(
+    d_model=d_model,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=4,
+    tie_embeddings=False,
+    qk_norm=True,
+    moe_every=1,
+    first_dense=0,
+  )
+  c.model.moe.update(
+    rule="olmo",
+    n_experts=16,
+    top_k=4,
+    d_expert=d_model // 2,
+    d_shared=2 * d_model,
+    dispatch="dropless",
+  )
   c.loss.update(balance_weight=0.01, balance_granularity="micro_batch", z_loss_weight=0.001)
   c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
   c.train.update(steps=300, eval_every=100, ckpt_every=100)

@@ -20,10 +20,19 @@ from moejax import config as config_lib
 
 def get_config() -> ml_collections.ConfigDict:
   c = config_lib.base_config()
-  c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=1, tie_embeddings=False,
-                 qk_norm=True, moe_every=1, first_dense=0)
-  c.model.moe.update(rule="qwen3_moe", n_experts=16, top_k=4, d_expert=32, d_shared=0,
-                     dispatch="dropless")
+  c.model.update(
+    d_model=64,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=1,
+    tie_embeddings=False,
+    qk_norm=True,
+    moe_every=1,
+    first_dense=0,
+  )
+  c.model.moe.update(
+    rule="qwen3_moe", n_experts=16, top_k=4, d_expert=32, d_shared=0, dispatch="dropless"
+  )
   c.loss.update(balance_weight=0.001, balance_granularity="global_batch", z_loss_weight=0.0)
   c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
   c.train.update(steps=300, eval_every=100, ckpt_every=100)

@@ -20,11 +20,21 @@ from moejax import config as config_lib
 
 def get_config() -> ml_collections.ConfigDict:
   c = config_lib.base_config()
-  c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=128,
-                 moe_every=2, first_dense=1)  # MoE on layers 1 and 3
-  c.model.moe.update(rule="switch", n_experts=8, top_k=1, d_expert=128, d_shared=0,
-                     dispatch="capacity", capacity_factor=1.25, eval_capacity_factor=2.0,
-                     drop_policy="position", jitter_eps=0.01)
+  c.model.update(
+    d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=128, moe_every=2, first_dense=1
+  )  # MoE on layers 1 and 3
+  c.model.moe.update(
+    rule="switch",
+    n_experts=8,
+    top_k=1,
+    d_expert=128,
+    d_shared=0,
+    dispatch="capacity",
+    capacity_factor=1.25,
+    eval_capacity_factor=2.0,
+    drop_policy="position",
+    jitter_eps=0.01,
+  )
   c.loss.update(balance_weight=0.01, balance_granularity="micro_batch", z_loss_weight=0.0)
   c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
   c.train.update(steps=300, eval_every=100, ckpt_every=100)

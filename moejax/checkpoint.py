@@ -19,19 +19,26 @@ from moejax.errors import UserError
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
   """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-  return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
-                               options=options, item_names=("state", "data"))
+  return ocp.CheckpointManager(
+    os.path.abspath(os.path.join(workdir, "checkpoints")),
+    options=options,
+    item_names=("state", "data"),
+  )
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -> None:
   """Saves and waits, so a checkpoint reported as written is on disk."""
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                          data=ocp.args.JsonSave(data_state)), force=True)
+  mngr.save(
+    step,
+    args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)),
+    force=True,
+  )
   mngr.wait_until_finished()
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
-            ) -> tuple[int, Any, dict]:
+def restore(
+  mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
+) -> tuple[int, Any, dict]:
   """Restores (step, state, data_state); `step=None` takes the latest.
 
   A missing or unreadable checkpoint raises a one-line `UserError` naming the directory.
@@ -42,14 +49,20 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None =
     raise UserError(f"no checkpoint in {directory}")
   step = max(steps) if step is None else step
   if step not in steps:
-    raise UserError(f"no checkpoint for step {step} in {directory}; "
-                    f"available: {', '.join(map(str, sorted(steps)))}")
+    raise UserError(
+      f"no checkpoint for step {step} in {directory}; "
+      f"available: {', '.join(map(str, sorted(steps)))}"
+    )
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
   try:
-    out = mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+    out = mngr.restore(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
+    )
   except Exception as e:  # orbax raises many types for truncated or foreign files
     reason = " ".join(str(e).split())[:200]
-    raise UserError(f"checkpoint {directory}/{step} is unreadable or does not match this "
-                    f"config ({type(e).__name__}: {reason})") from None
+    raise UserError(
+      f"checkpoint {directory}/{step} is unreadable or does not match this "
+      f"config ({type(e).__name__}: {reason})"
+    ) from None
   return step, out.state, out.data

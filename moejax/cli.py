@@ -44,13 +44,17 @@ def parse_flags(argv: list[str], config_flag) -> None:
   except (AttributeError, KeyError) as e:
     cfg = _load_config_file(argv)
     key = _unknown_key(argv, cfg) if cfg is not None else None
-    fail(f"unknown config key --config.{key}; see the keys in moejax/config.py" if key
-         else f"bad --config override ({e})")
+    fail(
+      f"unknown config key --config.{key}; see the keys in moejax/config.py"
+      if key
+      else f"bad --config override ({e})"
+    )
 
 
 def _load_config_file(argv: list[str]):
   """The config named by `--config[=]path[:arg]`, loaded without the overrides."""
   import importlib.util  # pylint: disable=import-outside-toplevel
+
   for i, arg in enumerate(argv):
     if arg == "--config" and i + 1 < len(argv):
       spec = argv[i + 1]

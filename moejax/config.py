@@ -24,27 +24,74 @@ def base_config() -> ml_collections.ConfigDict:
   """All keys with defaults: a small byte-level MoE on the stdlib corpus."""
   c = ml_collections.ConfigDict()
   c.model = dict(
-      vocab_size=0,  # 0: the tokenizer's
-      d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=0, d_ff=512, qk_norm=False,
-      tie_embeddings=True, rope_theta=10000.0, norm_eps=1e-6, dtype="float32", init_std=0.02,
-      moe_every=1, first_dense=0,
-      moe=dict(rule="mixtral", n_experts=8, top_k=2, d_expert=128, d_shared=0,
-               dispatch="dropless", capacity_factor=1.25, eval_capacity_factor=2.0,
-               min_capacity=4, drop_policy="position", group_size=0, second_expert="all",
-               impl="auto", block_size=64, jitter_eps=0.0,
-               n_groups=0, topk_groups=0),  # 0: the rule's own grouping
+    vocab_size=0,  # 0: the tokenizer's
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=0,
+    d_ff=512,
+    qk_norm=False,
+    tie_embeddings=True,
+    rope_theta=10000.0,
+    norm_eps=1e-6,
+    dtype="float32",
+    init_std=0.02,
+    moe_every=1,
+    first_dense=0,
+    moe=dict(
+      rule="mixtral",
+      n_experts=8,
+      top_k=2,
+      d_expert=128,
+      d_shared=0,
+      dispatch="dropless",
+      capacity_factor=1.25,
+      eval_capacity_factor=2.0,
+      min_capacity=4,
+      drop_policy="position",
+      group_size=0,
+      second_expert="all",
+      impl="auto",
+      block_size=64,
+      jitter_eps=0.0,
+      n_groups=0,
+      topk_groups=0,
+    ),  # 0: the rule's own grouping
   )
-  c.loss = dict(balance_weight=0.01, balance_granularity="global_batch", z_loss_weight=0.001,
-                bias_update_rate=0.0)
+  c.loss = dict(
+    balance_weight=0.01,
+    balance_granularity="global_batch",
+    z_loss_weight=0.001,
+    bias_update_rate=0.0,
+  )
   c.data = data_lib.default_config().to_dict()
   c.data.update(batch_size=16, seq_len=128)
-  c.train = dict(steps=1000, seed=0, log_every=10, eval_every=200, eval_sequences=64,
-                 ckpt_every=200, keep_checkpoints=3, grad_accum=1, progress=True,
-                 stop_at=0)  # stop_at: leave early at this step (0: train.steps)
-  c.optim = dict(lr=3e-3, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9,
-                 b2=0.95, eps=1e-8, clip_norm=1.0)
-  c.eval = dict(k1="", k2="", sequences=256, batch_size=32, bootstrap_resamples=2000,
-                after_train=False)
+  c.train = dict(
+    steps=1000,
+    seed=0,
+    log_every=10,
+    eval_every=200,
+    eval_sequences=64,
+    ckpt_every=200,
+    keep_checkpoints=3,
+    grad_accum=1,
+    progress=True,
+    stop_at=0,
+  )  # stop_at: leave early at this step (0: train.steps)
+  c.optim = dict(
+    lr=3e-3,
+    warmup_steps=100,
+    min_lr_ratio=0.1,
+    weight_decay=0.1,
+    b1=0.9,
+    b2=0.95,
+    eps=1e-8,
+    clip_norm=1.0,
+  )
+  c.eval = dict(
+    k1="", k2="", sequences=256, batch_size=32, bootstrap_resamples=2000, after_train=False
+  )
   c.wandb = dict(mode="auto", project="moejax", entity="", name="", tags="")
   c.mesh = dict(data=-1, fsdp=1, expert=1)
   return c
@@ -55,15 +102,29 @@ def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
   m = c.model.moe
   rule = routing.get_rule(m.rule)
   if m.n_groups or m.topk_groups:
-    rule = dataclasses.replace(rule, n_groups=m.n_groups or rule.n_groups,
-                               topk_groups=m.topk_groups or rule.topk_groups)
+    rule = dataclasses.replace(
+      rule, n_groups=m.n_groups or rule.n_groups, topk_groups=m.topk_groups or rule.topk_groups
+    )
   return MoEConfig(
-      d_model=c.model.d_model, n_experts=m.n_experts, top_k=m.top_k, d_expert=m.d_expert,
-      d_shared=m.d_shared, rule=rule, dispatch=m.dispatch, capacity_factor=m.capacity_factor,
-      eval_capacity_factor=m.eval_capacity_factor, min_capacity=m.min_capacity,
-      drop_policy=m.drop_policy, group_size=m.group_size or None,
-      second_expert=m.second_expert, impl=m.impl, block_size=m.block_size,
-      jitter_eps=m.jitter_eps, dtype=c.model.dtype, init_std=c.model.init_std)
+    d_model=c.model.d_model,
+    n_experts=m.n_experts,
+    top_k=m.top_k,
+    d_expert=m.d_expert,
+    d_shared=m.d_shared,
+    rule=rule,
+    dispatch=m.dispatch,
+    capacity_factor=m.capacity_factor,
+    eval_capacity_factor=m.eval_capacity_factor,
+    min_capacity=m.min_capacity,
+    drop_policy=m.drop_policy,
+    group_size=m.group_size or None,
+    second_expert=m.second_expert,
+    impl=m.impl,
+    block_size=m.block_size,
+    jitter_eps=m.jitter_eps,
+    dtype=c.model.dtype,
+    init_std=c.model.init_std,
+  )
 
 
 def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
@@ -71,11 +132,23 @@ def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
   m = c.model
   moe = moe_config(c) if m.moe_every > 0 else None
   return ModelConfig(
-      vocab_size=m.vocab_size or vocab_size, d_model=m.d_model, n_layers=m.n_layers,
-      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, d_ff=m.d_ff,
-      qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, rope_theta=m.rope_theta,
-      norm_eps=m.norm_eps, dtype=m.dtype, init_std=m.init_std, moe=moe,
-      moe_every=m.moe_every, first_dense=m.first_dense)
+    vocab_size=m.vocab_size or vocab_size,
+    d_model=m.d_model,
+    n_layers=m.n_layers,
+    n_heads=m.n_heads,
+    n_kv_heads=m.n_kv_heads,
+    head_dim=m.head_dim,
+    d_ff=m.d_ff,
+    qk_norm=m.qk_norm,
+    tie_embeddings=m.tie_embeddings,
+    rope_theta=m.rope_theta,
+    norm_eps=m.norm_eps,
+    dtype=m.dtype,
+    init_std=m.init_std,
+    moe=moe,
+    moe_every=m.moe_every,
+    first_dense=m.first_dense,
+  )
 
 
 def _positive(c, path: str, minimum: float = 1) -> None:
@@ -88,25 +161,47 @@ def _positive(c, path: str, minimum: float = 1) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks the keys that no typed config owns; raises a one-line UserError naming one."""
-  for path in ("train.steps", "train.log_every", "train.eval_every", "train.ckpt_every",
-               "train.keep_checkpoints", "train.grad_accum", "train.eval_sequences",
-               "eval.sequences", "eval.batch_size", "data.batch_size"):
+  for path in (
+    "train.steps",
+    "train.log_every",
+    "train.eval_every",
+    "train.ckpt_every",
+    "train.keep_checkpoints",
+    "train.grad_accum",
+    "train.eval_sequences",
+    "eval.sequences",
+    "eval.batch_size",
+    "data.batch_size",
+  ):
     _positive(c, path)
-  for path in ("optim.lr", "loss.balance_weight", "loss.z_loss_weight", "loss.bias_update_rate",
-               "optim.warmup_steps", "optim.weight_decay", "optim.clip_norm"):
+  for path in (
+    "optim.lr",
+    "loss.balance_weight",
+    "loss.z_loss_weight",
+    "loss.bias_update_rate",
+    "optim.warmup_steps",
+    "optim.weight_decay",
+    "optim.clip_norm",
+  ):
     _positive(c, path, 0)
   if c.loss.balance_granularity not in GRANULARITIES:
-    raise UserError(f"loss.balance_granularity={c.loss.balance_granularity!r} is not allowed; "
-                    f"use one of {', '.join(GRANULARITIES)}")
+    raise UserError(
+      f"loss.balance_granularity={c.loss.balance_granularity!r} is not allowed; "
+      f"use one of {', '.join(GRANULARITIES)}"
+    )
   if c.wandb.mode not in WANDB_MODES:
-    raise UserError(f"wandb.mode={c.wandb.mode!r} is not allowed; use one of "
-                    f"{', '.join(WANDB_MODES)}")
+    raise UserError(
+      f"wandb.mode={c.wandb.mode!r} is not allowed; use one of {', '.join(WANDB_MODES)}"
+    )
   if c.data.batch_size % c.train.grad_accum:
-    raise UserError(f"train.grad_accum={c.train.grad_accum} must divide data.batch_size="
-                    f"{c.data.batch_size}")
+    raise UserError(
+      f"train.grad_accum={c.train.grad_accum} must divide data.batch_size={c.data.batch_size}"
+    )
   if not 0 <= c.train.stop_at <= c.train.steps:
-    raise UserError(f"train.stop_at={c.train.stop_at} is not allowed; use 0 (no early stop) "
-                    f"to train.steps={c.train.steps}")
+    raise UserError(
+      f"train.stop_at={c.train.stop_at} is not allowed; use 0 (no early stop) "
+      f"to train.steps={c.train.steps}"
+    )
   if not 0 <= c.optim.min_lr_ratio <= 1:
     raise UserError(f"optim.min_lr_ratio={c.optim.min_lr_ratio} is not allowed; use [0, 1]")
   model_config(c, vocab_size=max(c.model.vocab_size, 2))

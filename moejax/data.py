@@ -17,220 +17,223 @@ from moejax.tokenizer import Tokenizer, build_tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
-    "corpus": "stdlib",
-    "paths": "",
-    "format": "auto",
-    "jsonl_key": "text",
-    "text_docs": "file",
-    "tokenizer": "byte",
-    "bpe_vocab_size": 1024,
-    "batch_size": 32,
-    "seq_len": 256,
-    "holdout_fraction": 0.02,
-    "split_seed": 0,
-    "synthetic_docs": 4000,
-    "synthetic_seed": 0,
-    "max_docs": 0,
+  "corpus": "stdlib",
+  "paths": "",
+  "format": "auto",
+  "jsonl_key": "text",
+  "text_docs": "file",
+  "tokenizer": "byte",
+  "bpe_vocab_size": 1024,
+  "batch_size": 32,
+  "seq_len": 256,
+  "holdout_fraction": 0.02,
+  "split_seed": 0,
+  "synthetic_docs": 4000,
+  "synthetic_seed": 0,
+  "max_docs": 0,
 }
 
 
 def _validate(data_cfg: Any) -> tuple[int, int, float, int]:
-    """(batch_size, seq_len, holdout_fraction, split_seed), or a UserError naming the field."""
+  """(batch_size, seq_len, holdout_fraction, split_seed), or a UserError naming the field."""
 
-    def integer(name: str, lo: int) -> int:
-        v = data_cfg.get(name, DEFAULTS[name])
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise UserError(f"data.{name}={v!r}: must be an integer >= {lo}")
-        return v
+  def integer(name: str, lo: int) -> int:
+    v = data_cfg.get(name, DEFAULTS[name])
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+      raise UserError(f"data.{name}={v!r}: must be an integer >= {lo}")
+    return v
 
-    batch_size, seq_len = integer("batch_size", 1), integer("seq_len", 2)
-    split_seed = integer("split_seed", 0)
-    frac = data_cfg.get("holdout_fraction", DEFAULTS["holdout_fraction"])
-    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-        raise UserError(f"data.holdout_fraction={frac!r}: must be a number in (0, 1)")
-    return batch_size, seq_len, float(frac), split_seed
+  batch_size, seq_len = integer("batch_size", 1), integer("seq_len", 2)
+  split_seed = integer("split_seed", 0)
+  frac = data_cfg.get("holdout_fraction", DEFAULTS["holdout_fraction"])
+  if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
+    raise UserError(f"data.holdout_fraction={frac!r}: must be a number in (0, 1)")
+  return batch_size, seq_len, float(frac), split_seed
 
 
 def heldout_mask(docs: Sequence[str], holdout_fraction: float, split_seed: int = 0) -> np.ndarray:
-    """bool[n_docs]: held out iff a keyed hash of the doc's content falls under the fraction.
+  """bool[n_docs]: held out iff a keyed hash of the doc's content falls under the fraction.
 
-    Content-keyed, so identical docs land on the same side and the split is independent of order
-    and of the train seed. At least one doc lands on each side."""
-    if len(docs) < 2:
-        raise UserError(
-            f"corpus has {len(docs)} document(s): need >= 2 for a train/held-out split; "
-            "add data.paths, raise data.max_docs, or set data.text_docs=paragraph"
-        )
-    key = f"moejax-split-{split_seed}".encode()
-    digests = (hashlib.blake2b(d.encode("utf-8"), digest_size=8, key=key).digest() for d in docs)
-    u_N = np.array([int.from_bytes(h, "little") / 2.0**64 for h in digests])
-    held_N = u_N < holdout_fraction
-    if not held_N.any():
-        held_N[np.argmin(u_N)] = True
-    if held_N.all():
-        held_N[np.argmax(u_N)] = False
-    return held_N
+  Content-keyed, so identical docs land on the same side and the split is independent of order
+  and of the train seed. At least one doc lands on each side."""
+  if len(docs) < 2:
+    raise UserError(
+      f"corpus has {len(docs)} document(s): need >= 2 for a train/held-out split; "
+      "add data.paths, raise data.max_docs, or set data.text_docs=paragraph"
+    )
+  key = f"moejax-split-{split_seed}".encode()
+  digests = (hashlib.blake2b(d.encode("utf-8"), digest_size=8, key=key).digest() for d in docs)
+  u_N = np.array([int.from_bytes(h, "little") / 2.0**64 for h in digests])
+  held_N = u_N < holdout_fraction
+  if not held_N.any():
+    held_N[np.argmin(u_N)] = True
+  if held_N.all():
+    held_N[np.argmax(u_N)] = False
+  return held_N
 
 
 def pack(tokens: Sequence[np.ndarray], eos_id: int) -> np.ndarray:
-    """Concatenate token arrays into one int32 stream with EOS after each."""
-    eos_1 = np.array([eos_id], dtype=np.int32)
-    parts = [p for t in tokens for p in (np.asarray(t, dtype=np.int32), eos_1)]
-    return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+  """Concatenate token arrays into one int32 stream with EOS after each."""
+  eos_1 = np.array([eos_id], dtype=np.int32)
+  parts = [p for t in tokens for p in (np.asarray(t, dtype=np.int32), eos_1)]
+  return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
 
 def windows(stream_T: np.ndarray, seq_len: int) -> np.ndarray:
-    """Non-overlapping [N, seq_len+1] windows of the stream; a shorter tail is dropped."""
-    n = len(stream_T) // (seq_len + 1)
-    return stream_T[: n * (seq_len + 1)].reshape(n, seq_len + 1)
+  """Non-overlapping [N, seq_len+1] windows of the stream; a shorter tail is dropped."""
+  n = len(stream_T) // (seq_len + 1)
+  return stream_T[: n * (seq_len + 1)].reshape(n, seq_len + 1)
 
 
 def unigram_entropy(stream_T: np.ndarray, vocab_size: int) -> float:
-    """Entropy (nats/token) of the stream's unigram distribution: a context-free model's loss."""
-    counts_V = np.bincount(stream_T, minlength=vocab_size).astype(np.float64)
-    p_V = counts_V[counts_V > 0] / counts_V.sum()
-    return float(-(p_V * np.log(p_V)).sum())
+  """Entropy (nats/token) of the stream's unigram distribution: a context-free model's loss."""
+  counts_V = np.bincount(stream_T, minlength=vocab_size).astype(np.float64)
+  p_V = counts_V[counts_V > 0] / counts_V.sum()
+  return float(-(p_V * np.log(p_V)).sum())
 
 
 def _shuffle_seed(seed: int) -> int:
-    """Mix the train seed: grain shuffles epoch e with seed+e, so seeds s, s+1 share epochs."""
-    digest = hashlib.sha256(f"moejax-train-{seed}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") >> 1
+  """Mix the train seed: grain shuffles epoch e with seed+e, so seeds s, s+1 share epochs."""
+  digest = hashlib.sha256(f"moejax-train-{seed}".encode()).digest()
+  return int.from_bytes(digest[:4], "little") >> 1
 
 
 class TrainIterator:
-    """Endless shuffled batches {"tokens": int32 [batch_size, seq_len+1]}; state is JSON-able."""
+  """Endless shuffled batches {"tokens": int32 [batch_size, seq_len+1]}; state is JSON-able."""
 
-    def __init__(self, windows_NxL: np.ndarray, batch_size: int, seed: int):
-        """Shuffle windows with `seed` (reshuffled every epoch), repeat forever, batch."""
-        n, width = windows_NxL.shape
-        self._meta = {"seed": int(seed), "batch_size": int(batch_size)}
-        self._meta.update(n_windows=n, window=width)
-        ds = (
-            grain.MapDataset.source(windows_NxL)
-            .shuffle(seed=_shuffle_seed(seed))
-            .repeat()
-            .batch(batch_size, drop_remainder=True)
-            .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8))
-        )
-        self._it = iter(ds)
+  def __init__(self, windows_NxL: np.ndarray, batch_size: int, seed: int):
+    """Shuffle windows with `seed` (reshuffled every epoch), repeat forever, batch."""
+    n, width = windows_NxL.shape
+    self._meta = {"seed": int(seed), "batch_size": int(batch_size)}
+    self._meta.update(n_windows=n, window=width)
+    ds = (
+      grain.MapDataset.source(windows_NxL)
+      .shuffle(seed=_shuffle_seed(seed))
+      .repeat()
+      .batch(batch_size, drop_remainder=True)
+      .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8))
+    )
+    self._it = iter(ds)
 
-    def __iter__(self) -> "TrainIterator":
-        return self
+  def __iter__(self) -> "TrainIterator":
+    return self
 
-    def __next__(self) -> dict[str, np.ndarray]:
-        """The next batch."""
-        return {"tokens": np.asarray(next(self._it), dtype=np.int32)}
+  def __next__(self) -> dict[str, np.ndarray]:
+    """The next batch."""
+    return {"tokens": np.asarray(next(self._it), dtype=np.int32)}
 
-    def get_state(self) -> dict:
-        """JSON-serializable position, checkpointed with the model."""
-        return {**self._meta, "grain": self._it.get_state()}
+  def get_state(self) -> dict:
+    """JSON-serializable position, checkpointed with the model."""
+    return {**self._meta, "grain": self._it.get_state()}
 
-    def set_state(self, state: dict) -> None:
-        """Resume at a saved position; the data config must match the one that saved it."""
-        saved = {k: state.get(k) for k in self._meta}
-        if saved != self._meta:
-            diff = ", ".join(f"{k} saved {saved[k]} now {v}" for k, v in self._meta.items()
-                             if saved[k] != v)
-            raise UserError(
-                f"data iterator state does not match this data config ({diff}); "
-                "resume with the same data.* and train.seed"
-            )
-        self._it.set_state(state["grain"])
+  def set_state(self, state: dict) -> None:
+    """Resume at a saved position; the data config must match the one that saved it."""
+    saved = {k: state.get(k) for k in self._meta}
+    if saved != self._meta:
+      diff = ", ".join(
+        f"{k} saved {saved[k]} now {v}" for k, v in self._meta.items() if saved[k] != v
+      )
+      raise UserError(
+        f"data iterator state does not match this data config ({diff}); "
+        "resume with the same data.* and train.seed"
+      )
+    self._it.set_state(state["grain"])
 
 
 @dataclasses.dataclass
 class Data:
-    """Everything the trainer needs from the data side."""
+  """Everything the trainer needs from the data side."""
 
-    tokenizer: Tokenizer
-    corpus: CorpusInfo
-    train_tokens: int
-    heldout_tokens: int
-    unigram_entropy: float
-    seq_len: int
-    batch_size: int
-    seed: int
-    train_windows: np.ndarray = dataclasses.field(repr=False)
-    heldout_windows: np.ndarray = dataclasses.field(repr=False)
-    n_train_docs: int = 0
-    n_heldout_docs: int = 0
+  tokenizer: Tokenizer
+  corpus: CorpusInfo
+  train_tokens: int
+  heldout_tokens: int
+  unigram_entropy: float
+  seq_len: int
+  batch_size: int
+  seed: int
+  train_windows: np.ndarray = dataclasses.field(repr=False)
+  heldout_windows: np.ndarray = dataclasses.field(repr=False)
+  n_train_docs: int = 0
+  n_heldout_docs: int = 0
 
-    def train_iterator(self) -> TrainIterator:
-        """A fresh iterator at the start of the seeded order."""
-        return TrainIterator(self.train_windows, self.batch_size, self.seed)
+  def train_iterator(self) -> TrainIterator:
+    """A fresh iterator at the start of the seeded order."""
+    return TrainIterator(self.train_windows, self.batch_size, self.seed)
 
-    def eval_batches(self, n_sequences: int, batch_size: int) -> list[np.ndarray]:
-        """The first `n_sequences` held-out windows in order, as int32 [b, seq_len+1] batches.
+  def eval_batches(self, n_sequences: int, batch_size: int) -> list[np.ndarray]:
+    """The first `n_sequences` held-out windows in order, as int32 [b, seq_len+1] batches.
 
-        The last batch may be shorter; fewer windows than asked is a logged warning."""
-        if n_sequences < 1 or batch_size < 1:
-            raise UserError(f"eval n_sequences={n_sequences}, batch_size={batch_size}: need >= 1")
-        have = self.heldout_windows.shape[0]
-        if have < 1:
-            raise UserError(
-                f"held-out stream has {self.heldout_tokens} tokens, "
-                f"< one window of data.seq_len+1={self.seq_len + 1}; "
-                "raise data.holdout_fraction or lower data.seq_len"
-            )
-        if have < n_sequences:
-            log.warning(
-                "held-out stream has %d windows of %d tokens, < the %d requested; using %d",
-                have, self.seq_len + 1, n_sequences, have,
-            )
-        w_NxL = self.heldout_windows[: min(n_sequences, have)]
-        starts = range(0, len(w_NxL), batch_size)
-        return [np.ascontiguousarray(w_NxL[i : i + batch_size]) for i in starts]
+    The last batch may be shorter; fewer windows than asked is a logged warning."""
+    if n_sequences < 1 or batch_size < 1:
+      raise UserError(f"eval n_sequences={n_sequences}, batch_size={batch_size}: need >= 1")
+    have = self.heldout_windows.shape[0]
+    if have < 1:
+      raise UserError(
+        f"held-out stream has {self.heldout_tokens} tokens, "
+        f"< one window of data.seq_len+1={self.seq_len + 1}; "
+        "raise data.holdout_fraction or lower data.seq_len"
+      )
+    if have < n_sequences:
+      log.warning(
+        "held-out stream has %d windows of %d tokens, < the %d requested; using %d",
+        have,
+        self.seq_len + 1,
+        n_sequences,
+        have,
+      )
+    w_NxL = self.heldout_windows[: min(n_sequences, have)]
+    starts = range(0, len(w_NxL), batch_size)
+    return [np.ascontiguousarray(w_NxL[i : i + batch_size]) for i in starts]
 
-    def describe(self) -> dict:
-        """JSON-able summary for config.json."""
-        return {
-            "corpus": self.corpus.to_dict(),
-            "tokenizer": self.tokenizer.describe(),
-            "train_tokens": self.train_tokens,
-            "heldout_tokens": self.heldout_tokens,
-            "n_train_docs": self.n_train_docs,
-            "n_heldout_docs": self.n_heldout_docs,
-            "unigram_entropy": self.unigram_entropy,
-        }
+  def describe(self) -> dict:
+    """JSON-able summary for config.json."""
+    return {
+      "corpus": self.corpus.to_dict(),
+      "tokenizer": self.tokenizer.describe(),
+      "train_tokens": self.train_tokens,
+      "heldout_tokens": self.heldout_tokens,
+      "n_train_docs": self.n_train_docs,
+      "n_heldout_docs": self.n_heldout_docs,
+      "unigram_entropy": self.unigram_entropy,
+    }
 
 
 def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
-    """Load the corpus, split it by document, fit the tokenizer on train docs, pack both streams."""
-    batch_size, seq_len, frac, split_seed = _validate(data_cfg)
-    docs, info = load_corpus(data_cfg)
-    held_N = heldout_mask(docs, frac, split_seed)
-    train_docs = [d for d, h in zip(docs, held_N) if not h]
-    held_docs = [d for d, h in zip(docs, held_N) if h]
-    tok = build_tokenizer(data_cfg, train_docs, info.sha256, workdir)
-    train_T = pack(tok.encode_batch(train_docs), tok.eos_id)
-    held_T = pack(tok.encode_batch(held_docs), tok.eos_id)
-    train_w = windows(train_T, seq_len)
-    if train_w.shape[0] < 1:
-        raise UserError(
-            f"train stream has {len(train_T)} tokens, "
-            f"< one window of data.seq_len+1={seq_len + 1}; "
-            "use more documents or a smaller data.seq_len"
-        )
-    return Data(
-        tokenizer=tok,
-        corpus=info,
-        train_tokens=int(len(train_T)),
-        heldout_tokens=int(len(held_T)),
-        unigram_entropy=unigram_entropy(train_T, tok.vocab_size),
-        seq_len=seq_len,
-        batch_size=batch_size,
-        seed=int(seed),
-        train_windows=train_w,
-        heldout_windows=windows(held_T, seq_len),
-        n_train_docs=len(train_docs),
-        n_heldout_docs=len(held_docs),
+  """Load the corpus, split it by document, fit the tokenizer on train docs, pack both streams."""
+  batch_size, seq_len, frac, split_seed = _validate(data_cfg)
+  docs, info = load_corpus(data_cfg)
+  held_N = heldout_mask(docs, frac, split_seed)
+  train_docs = [d for d, h in zip(docs, held_N) if not h]
+  held_docs = [d for d, h in zip(docs, held_N) if h]
+  tok = build_tokenizer(data_cfg, train_docs, info.sha256, workdir)
+  train_T = pack(tok.encode_batch(train_docs), tok.eos_id)
+  held_T = pack(tok.encode_batch(held_docs), tok.eos_id)
+  train_w = windows(train_T, seq_len)
+  if train_w.shape[0] < 1:
+    raise UserError(
+      f"train stream has {len(train_T)} tokens, "
+      f"< one window of data.seq_len+1={seq_len + 1}; "
+      "use more documents or a smaller data.seq_len"
     )
+  return Data(
+    tokenizer=tok,
+    corpus=info,
+    train_tokens=int(len(train_T)),
+    heldout_tokens=int(len(held_T)),
+    unigram_entropy=unigram_entropy(train_T, tok.vocab_size),
+    seq_len=seq_len,
+    batch_size=batch_size,
+    seed=int(seed),
+    train_windows=train_w,
+    heldout_windows=windows(held_T, seq_len),
+    n_train_docs=len(train_docs),
+    n_heldout_docs=len(held_docs),
+  )
 
 
 def default_config() -> Any:
-    """An ml_collections ConfigDict holding every data.* key with its default."""
-    import ml_collections
+  """An ml_collections ConfigDict holding every data.* key with its default."""
+  import ml_collections
 
-    return ml_collections.ConfigDict(dict(DEFAULTS))
-
+  return ml_collections.ConfigDict(dict(DEFAULTS))

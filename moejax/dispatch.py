@@ -54,14 +54,16 @@ def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) ->
   """Inverts row_of_A (an injective map on kept assignments) into per-row sources."""
   A = row_of_A.shape[0]
   row_of_A = jnp.where(kept_A, row_of_A, n_rows).astype(jnp.int32)
-  assign_of_R = jnp.full((n_rows + 1,), A, jnp.int32).at[row_of_A].set(
-      jnp.arange(A, dtype=jnp.int32))[:n_rows]
+  assign_of_R = (
+    jnp.full((n_rows + 1,), A, jnp.int32).at[row_of_A].set(jnp.arange(A, dtype=jnp.int32))[:n_rows]
+  )
   token_of_R = jnp.where(assign_of_R < A, assign_of_R // K, A // K).astype(jnp.int32)
   return Plan(row_of_A, token_of_R, assign_of_R, kept_A)
 
 
-def dropless_plan(experts_TxK: jax.Array, n_experts: int,
-                  block: int) -> tuple[Plan, jax.Array, jax.Array]:
+def dropless_plan(
+  experts_TxK: jax.Array, n_experts: int, block: int
+) -> tuple[Plan, jax.Array, jax.Array]:
   """Sorts assignments by expert and pads each expert's run to a multiple of `block`.
 
   Returns the plan, the expert id of every block and the per-expert counts. The buffer has a static
@@ -85,15 +87,22 @@ def dropless_plan(experts_TxK: jax.Array, n_experts: int,
   return plan, expert_of_block.astype(jnp.int32), counts_E
 
 
-def capacity(capacity_factor: float, k: int, group_tokens: int, n_experts: int,
-             min_capacity: int) -> int:
+def capacity(
+  capacity_factor: float, k: int, group_tokens: int, n_experts: int, min_capacity: int
+) -> int:
   """C = max(min_capacity, ceil(capacity_factor · K · G / E)), capped at G."""
   c = max(min_capacity, math.ceil(capacity_factor * k * group_tokens / n_experts))
   return min(c, group_tokens)
 
 
-def capacity_plan(experts_TxK: jax.Array, priority_TxK: jax.Array, n_experts: int, cap: int,
-                  group_size: int, keep_TxK: jax.Array | None = None) -> Plan:
+def capacity_plan(
+  experts_TxK: jax.Array,
+  priority_TxK: jax.Array,
+  n_experts: int,
+  cap: int,
+  group_size: int,
+  keep_TxK: jax.Array | None = None,
+) -> Plan:
   """Keeps, per routing group and expert, the `cap` assignments of highest priority.
 
   Buffer rows are laid out [group, expert, slot]. `priority_TxK` is larger-is-first.
@@ -108,8 +117,11 @@ def capacity_plan(experts_TxK: jax.Array, priority_TxK: jax.Array, n_experts: in
   counts_NxE = jax.vmap(lambda e: jnp.bincount(e, length=n_experts))(e_NxA)
   start_NxE = jnp.cumsum(counts_NxE, -1) - counts_NxE
   rank_sorted_NxA = jnp.arange(G * K) - jnp.take_along_axis(start_NxE, e_sorted_NxA, -1)
-  rank_NxA = jnp.zeros_like(rank_sorted_NxA).at[
-      jnp.arange(n_groups)[:, None], order_NxA].set(rank_sorted_NxA)
+  rank_NxA = (
+    jnp.zeros_like(rank_sorted_NxA)
+    .at[jnp.arange(n_groups)[:, None], order_NxA]
+    .set(rank_sorted_NxA)
+  )
   kept_NxA = rank_NxA < cap
   if keep_TxK is not None:
     kept_NxA &= keep_TxK.reshape(n_groups, G * K)
@@ -124,8 +136,9 @@ def position_priority(T: int, K: int, group_size: int) -> jax.Array:
   return -(k_K[None, :] * group_size + t_T[:, None]).astype(jnp.float32)
 
 
-def random_second_expert(weights_TxK: jax.Array, rng: jax.Array,
-                         threshold: float = 0.5) -> jax.Array:
+def random_second_expert(
+  weights_TxK: jax.Array, rng: jax.Array, threshold: float = 0.5
+) -> jax.Array:
   """GShard: keep the 2nd choice with probability min(1, g2/threshold), g2 renormalized."""
   T, K = weights_TxK.shape
   g2_T = weights_TxK[:, 1] / weights_TxK[:, :2].sum(-1)
@@ -150,8 +163,15 @@ def _expand(x_TxD: jax.Array, plan: Plan, K: int) -> jax.Array:
   return take_rows(x_TxD, plan.token_of_R, plan.row_of_A.reshape(T, K))
 
 
-def dropless(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array, ex: ExpertWeights,
-             *, impl: str = "auto", block: int = 64) -> jax.Array:
+def dropless(
+  x_TxD: jax.Array,
+  experts_TxK: jax.Array,
+  weights_TxK: jax.Array,
+  ex: ExpertWeights,
+  *,
+  impl: str = "auto",
+  block: int = 64,
+) -> jax.Array:
   """Computes every assignment: sort by expert, one grouped SwiGLU, unsort and combine."""
   T, K = experts_TxK.shape
   E = ex.w_gate_ExDxF.shape[0]
@@ -169,32 +189,54 @@ def dropless(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array, e
   return _combine(y_RxD, plan, weights_TxK)
 
 
-def capacity_dispatch(x_TxD: jax.Array, experts_TxK: jax.Array, weights_TxK: jax.Array,
-                      ex: ExpertWeights, *, cap: int, group_size: int, priority_TxK: jax.Array,
-                      keep_TxK: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def capacity_dispatch(
+  x_TxD: jax.Array,
+  experts_TxK: jax.Array,
+  weights_TxK: jax.Array,
+  ex: ExpertWeights,
+  *,
+  cap: int,
+  group_size: int,
+  priority_TxK: jax.Array,
+  keep_TxK: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
   """Capacity-limited dispatch; returns (y_TxD, kept_TxK)."""
   T, K = experts_TxK.shape
   E = ex.w_gate_ExDxF.shape[0]
   plan = capacity_plan(experts_TxK, priority_TxK, E, cap, group_size, keep_TxK)
   ex = _cast(ex, x_TxD.dtype)
   expert_N = jnp.tile(jnp.arange(E, dtype=jnp.int32), T // group_size)
-  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, expert_N, jnp.asarray(expert_N.shape[0]), cap)
+  y_RxD = grouped_swiglu(
+    _expand(x_TxD, plan, K), *ex, expert_N, jnp.asarray(expert_N.shape[0]), cap
+  )
   y_TxD = _combine(y_RxD, plan, weights_TxK)
   return y_TxD, plan.kept_A.reshape(T, K)
 
 
-def validate_dispatch(mode: str, drop_policy: str, second_expert: str, impl: str,
-                      capacity_factor: float, eval_capacity_factor: float,
-                      min_capacity: int, group_size: int | None, n_tokens: int | None = None
-                      ) -> None:
+def validate_dispatch(
+  mode: str,
+  drop_policy: str,
+  second_expert: str,
+  impl: str,
+  capacity_factor: float,
+  eval_capacity_factor: float,
+  min_capacity: int,
+  group_size: int | None,
+  n_tokens: int | None = None,
+) -> None:
   """Raises `UserError` naming the dispatch field that is out of range."""
-  for field, value, allowed in (("dispatch", mode, MODES), ("drop_policy", drop_policy, DROP_POLICIES),
-                                ("second_expert", second_expert, SECOND_EXPERT),
-                                ("impl", impl, IMPLS)):
+  for field, value, allowed in (
+    ("dispatch", mode, MODES),
+    ("drop_policy", drop_policy, DROP_POLICIES),
+    ("second_expert", second_expert, SECOND_EXPERT),
+    ("impl", impl, IMPLS),
+  ):
     if value not in allowed:
       raise UserError(f"{field}={value!r} is not allowed; use one of {', '.join(allowed)}")
-  for field, value in (("capacity_factor", capacity_factor),
-                       ("eval_capacity_factor", eval_capacity_factor)):
+  for field, value in (
+    ("capacity_factor", capacity_factor),
+    ("eval_capacity_factor", eval_capacity_factor),
+  ):
     if not value > 0:
       raise UserError(f"{field}={value} is not allowed; use a float > 0")
   if min_capacity < 0:
@@ -202,5 +244,7 @@ def validate_dispatch(mode: str, drop_policy: str, second_expert: str, impl: str
   if group_size is not None and group_size < 1:
     raise UserError(f"group_size={group_size} is not allowed; use an int >= 1 or None")
   if group_size is not None and n_tokens is not None and n_tokens % group_size:
-    raise UserError(f"group_size={group_size} is not allowed; it must divide the "
-                    f"{n_tokens} tokens of the local batch")
+    raise UserError(
+      f"group_size={group_size} is not allowed; it must divide the "
+      f"{n_tokens} tokens of the local batch"
+    )

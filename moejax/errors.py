@@ -2,4 +2,4 @@
 
 
 class UserError(ValueError):
-    """Bad input from a user (config value, file, CLI flag). The CLI prints it and exits 2."""
+  """Bad input from a user (config value, file, CLI flag). The CLI prints it and exits 2."""

@@ -17,8 +17,9 @@ from moejax.grid import load_config, run_grid  # noqa: F401  (public API; cheap 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _K1 = flags.DEFINE_string("k1", "", "Comma-separated k1 values (default K, K/2, ..., 1).")
-_K2 = flags.DEFINE_string("k2", "", "Comma-separated k2: native, k1, K, 2K, E or integers "
-                          "(default native,k1,K,2K,E).")
+_K2 = flags.DEFINE_string(
+  "k2", "", "Comma-separated k2: native, k1, K, 2K, E or integers (default native,k1,K,2K,E)."
+)
 _SEQUENCES = flags.DEFINE_integer("sequences", None, "Held-out sequences (default eval.sequences).")
 _BATCH = flags.DEFINE_integer("batch_size", None, "Eval batch size (default eval.batch_size).")
 _RESAMPLES = flags.DEFINE_integer("resamples", None, "Bootstrap resamples (default 2000).")
@@ -28,8 +29,15 @@ def main() -> int:
   cli.parse_flags(sys.argv, None)
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
-  run_grid(_WORKDIR.value, step=_STEP.value, k1=_K1.value, k2=_K2.value,
-           sequences=_SEQUENCES.value, batch_size=_BATCH.value, resamples=_RESAMPLES.value)
+  run_grid(
+    _WORKDIR.value,
+    step=_STEP.value,
+    k1=_K1.value,
+    k2=_K2.value,
+    sequences=_SEQUENCES.value,
+    batch_size=_BATCH.value,
+    resamples=_RESAMPLES.value,
+  )
   print(open(os.path.join(_WORKDIR.value, "eval", "k_grid.md")).read())
   return 0
 

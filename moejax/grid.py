@@ -15,6 +15,7 @@ from moejax.errors import UserError
 def load_config(workdir: str):
   """The run's saved config (config.json without the `resolved` section)."""
   from moejax import config  # pylint: disable=import-outside-toplevel
+
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise UserError(f"{path} not found; --workdir must be a moejax training run")
@@ -25,9 +26,17 @@ def load_config(workdir: str):
   return config.from_saved(saved)
 
 
-def run_grid(workdir: str, *, step: int | None = None, k1: str = "", k2: str = "",
-             sequences: int | None = None, batch_size: int | None = None,
-             resamples: int | None = None, log=print) -> list[dict]:
+def run_grid(
+  workdir: str,
+  *,
+  step: int | None = None,
+  k1: str = "",
+  k2: str = "",
+  sequences: int | None = None,
+  batch_size: int | None = None,
+  resamples: int | None = None,
+  log=print,
+) -> list[dict]:
   """Runs every cell and writes the grid files; returns the rows."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   from moejax import checkpoint, grid_report, kgrid, trainer  # pylint: disable=import-outside-toplevel
@@ -35,11 +44,15 @@ def run_grid(workdir: str, *, step: int | None = None, k1: str = "", k2: str = "
   c = load_config(workdir)
   c.mesh.data = -1  # evaluate on whatever devices this machine has
   c.mesh.fsdp = c.mesh.expert = 1
-  for name, value in (("--sequences", sequences), ("--batch_size", batch_size),
-                      ("--resamples", resamples)):
+  for name, value in (
+    ("--sequences", sequences),
+    ("--batch_size", batch_size),
+    ("--resamples", resamples),
+  ):
     if value is not None and value < (1000 if name == "--resamples" else 1):
-      raise UserError(f"{name}={value} is not allowed; use an int >= "
-                          f"{1000 if name == '--resamples' else 1}")
+      raise UserError(
+        f"{name}={value} is not allowed; use an int >= {1000 if name == '--resamples' else 1}"
+      )
   if c.model.moe_every == 0:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
   K, E = c.model.moe.top_k, c.model.moe.n_experts
@@ -50,15 +63,21 @@ def run_grid(workdir: str, *, step: int | None = None, k1: str = "", k2: str = "
     raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")
   run = trainer.build(c, workdir)
   step, state, _ = checkpoint.restore(mngr, run.state, step)
-  batches = [np.asarray(b) for b in run.data.eval_batches(
-      sequences or c.eval.sequences, batch_size or c.eval.batch_size)]
+  batches = [
+    np.asarray(b)
+    for b in run.data.eval_batches(sequences or c.eval.sequences, batch_size or c.eval.batch_size)
+  ]
   resamples = resamples or c.eval.bootstrap_resamples
-  log(f"k-grid of {workdir} step {step}: {len(cells)} cells on "
-      f"{sum(b.shape[0] for b in batches)} held-out sequences")
+  log(
+    f"k-grid of {workdir} step {step}: {len(cells)} cells on "
+    f"{sum(b.shape[0] for b in batches)} held-out sequences"
+  )
   results = {cell: kgrid.evaluate_cell(run.graphdef, state, batches, *cell) for cell in cells}
   ref = results[(K, "native")]
-  rows = [dict(kgrid.row(cell, results[cell], ref, resamples=resamples, seed=c.train.seed),
-               step=step) for cell in cells]
+  rows = [
+    dict(kgrid.row(cell, results[cell], ref, resamples=resamples, seed=c.train.seed), step=step)
+    for cell in cells
+  ]
   out = os.path.join(workdir, "eval")
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "k_grid.jsonl"), "w") as f:
@@ -77,13 +96,43 @@ def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
     return
   import wandb  # pylint: disable=import-outside-toplevel
   from moejax.tracking import _wandb_mode  # pylint: disable=import-outside-toplevel
-  run = wandb.init(project=c.wandb.project, entity=c.wandb.entity or None, dir=workdir,
-                   id=open(id_path).read().strip(), resume="allow",
-                   mode=_wandb_mode(c.wandb.mode))
-  columns = ["k1", "k2", "loss", "accuracy", "delta", "delta_lo", "delta_hi", "p_value",
-             "routed_mass", "gain"]
-  table = wandb.Table(columns=columns, data=[
-      [r["k1"], str(r["k2"]), r["loss"], r["accuracy"], r["delta"], *r["delta_ci95"],
-       r["p_value"], r["routed_mass"], r["gain"]] for r in rows])
+
+  run = wandb.init(
+    project=c.wandb.project,
+    entity=c.wandb.entity or None,
+    dir=workdir,
+    id=open(id_path).read().strip(),
+    resume="allow",
+    mode=_wandb_mode(c.wandb.mode),
+  )
+  columns = [
+    "k1",
+    "k2",
+    "loss",
+    "accuracy",
+    "delta",
+    "delta_lo",
+    "delta_hi",
+    "p_value",
+    "routed_mass",
+    "gain",
+  ]
+  table = wandb.Table(
+    columns=columns,
+    data=[
+      [
+        r["k1"],
+        str(r["k2"]),
+        r["loss"],
+        r["accuracy"],
+        r["delta"],
+        *r["delta_ci95"],
+        r["p_value"],
+        r["routed_mass"],
+        r["gain"],
+      ]
+      for r in rows
+    ],
+  )
   run.log({"eval/k_grid": table, "eval/k_grid_heatmap": wandb.Image(png)})
   run.finish()

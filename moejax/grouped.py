@@ -46,8 +46,9 @@ def grouped_swiglu(x_RxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, expert_N, n_us
 
 
 def _fwd(x_RxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, expert_N, n_used, block):
-  y_RxD, g_RxF, u_RxF = _forward(x_RxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, expert_N,
-                                 n_used, block)
+  y_RxD, g_RxF, u_RxF = _forward(
+    x_RxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, expert_N, n_used, block
+  )
   return y_RxD, (x_RxD, g_RxF, u_RxF, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, expert_N, n_used)
 
 
@@ -71,12 +72,22 @@ def _bwd(block, res, dy_RxD):
     dwu = dwu.at[e].add((x_BxD.T @ du_BxF).astype(f32))
     return _put(dx_RxD, dx_BxD, i, block), dwg, dwu, dwd
 
-  init = (jnp.zeros_like(x_RxD), jnp.zeros(w_gate.shape, f32), jnp.zeros(w_up.shape, f32),
-          jnp.zeros(w_down.shape, f32))
+  init = (
+    jnp.zeros_like(x_RxD),
+    jnp.zeros(w_gate.shape, f32),
+    jnp.zeros(w_up.shape, f32),
+    jnp.zeros(w_down.shape, f32),
+  )
   dx, dwg, dwu, dwd = jax.lax.fori_loop(0, n_used, body, init)
   none = lambda a: jnp.zeros(a.shape, jax.dtypes.float0)
-  return (dx, dwg.astype(w_gate.dtype), dwu.astype(w_up.dtype), dwd.astype(w_down.dtype),
-          none(expert_N), none(n_used))
+  return (
+    dx,
+    dwg.astype(w_gate.dtype),
+    dwu.astype(w_up.dtype),
+    dwd.astype(w_down.dtype),
+    none(expert_N),
+    none(n_used),
+  )
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)

@@ -49,8 +49,10 @@ def parse_k2(spec: str, K: int, E: int, k1s: list[int]) -> list[str | int]:
     elif tok.isdigit() and min(k1s) <= int(tok) <= E:
       out.append(int(tok))
     else:
-      raise UserError(f"--k2 value {tok!r} is not allowed; use native, k1, K, 2K, E or an "
-                      f"integer in [min k1={min(k1s)}, E={E}] (k2 >= k1)")
+      raise UserError(
+        f"--k2 value {tok!r} is not allowed; use native, k1, K, 2K, E or an "
+        f"integer in [min k1={min(k1s)}, E={E}] (k2 >= k1)"
+      )
   return out
 
 
@@ -70,11 +72,9 @@ def cells(k1s: list[int], k2_labels: list[str | int], K: int, E: int) -> list[Ce
   return out
 
 
-def evaluate_cell(graphdef, state: dict, batches: list[np.ndarray], k1: int,
-                  k2: int | str) -> dict:
+def evaluate_cell(graphdef, state: dict, batches: list[np.ndarray], k1: int, k2: int | str) -> dict:
   """Per-sequence losses/accuracies and per-layer routed mass and routed-output ms."""
-  eval_step = jax.jit(step_lib.make_eval_step(graphdef, k=k1,
-                                               k2=None if k2 == "native" else k2))
+  eval_step = jax.jit(step_lib.make_eval_step(graphdef, k=k1, k2=None if k2 == "native" else k2))
   loss, acc, mass, ms = [], [], {}, {}
   for tokens in batches:
     out = jax.device_get(eval_step(state["params"], state["router"], tokens))
@@ -85,27 +85,36 @@ def evaluate_cell(graphdef, state: dict, batches: list[np.ndarray], k1: int,
       mass[layer] = mass.get(layer, 0.0) + float(aux["routed_mass"]) * n
       ms[layer] = ms.get(layer, 0.0) + float(aux["routed_out_rms"]) ** 2 * n
   n_seq = sum(b.shape[0] for b in batches)
-  return {"loss_N": np.concatenate(loss), "accuracy_N": np.concatenate(acc),
-          "routed_mass": {l: v / n_seq for l, v in mass.items()},
-          "routed_ms": {l: v / n_seq for l, v in ms.items()}}
+  return {
+    "loss_N": np.concatenate(loss),
+    "accuracy_N": np.concatenate(acc),
+    "routed_mass": {l: v / n_seq for l, v in mass.items()},
+    "routed_ms": {l: v / n_seq for l, v in ms.items()},
+  }
 
 
 def row(cell: Cell, res: dict, ref: dict, *, resamples: int, seed: int) -> dict:
   """One DESIGN.md §7 row: loss, accuracy, paired delta stats, routed mass and gain."""
   k1, k2 = cell
-  summary = stats.summarize_cell(res["loss_N"], ref["loss_N"], n_resamples=resamples,
-                                 seed=seed)
-  gain = {l: float(np.sqrt(res["routed_ms"][l] / ref["routed_ms"][l]))
-          if ref["routed_ms"][l] > 0 else float("nan") for l in res["routed_ms"]}
+  summary = stats.summarize_cell(res["loss_N"], ref["loss_N"], n_resamples=resamples, seed=seed)
+  gain = {
+    l: float(np.sqrt(res["routed_ms"][l] / ref["routed_ms"][l]))
+    if ref["routed_ms"][l] > 0
+    else float("nan")
+    for l in res["routed_ms"]
+  }
   mass = res["routed_mass"]
   return {
-      "k1": k1, "k2": k2,
-      "loss": float(res["loss_N"].mean()), "accuracy": float(res["accuracy_N"].mean()),
-      "delta": float(summary["delta"]), "delta_ci95": [float(v) for v in summary["delta_ci95"]],
-      "p_value": float(summary["p_value"]),
-      "routed_mass": float(np.mean(list(mass.values()))) if mass else 0.0,
-      "gain": float(np.mean(list(gain.values()))) if gain else float("nan"),
-      "routed_mass_per_layer": {f"layer{l}": float(v) for l, v in mass.items()},
-      "gain_per_layer": {f"layer{l}": v for l, v in gain.items()},
-      "n_sequences": int(res["loss_N"].shape[0]),
+    "k1": k1,
+    "k2": k2,
+    "loss": float(res["loss_N"].mean()),
+    "accuracy": float(res["accuracy_N"].mean()),
+    "delta": float(summary["delta"]),
+    "delta_ci95": [float(v) for v in summary["delta_ci95"]],
+    "p_value": float(summary["p_value"]),
+    "routed_mass": float(np.mean(list(mass.values()))) if mass else 0.0,
+    "gain": float(np.mean(list(gain.values()))) if gain else float("nan"),
+    "routed_mass_per_layer": {f"layer{l}": float(v) for l, v in mass.items()},
+    "gain_per_layer": {f"layer{l}": v for l, v in gain.items()},
+    "n_sequences": int(res["loss_N"].shape[0]),
   }

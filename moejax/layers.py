@@ -48,9 +48,7 @@ def rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Ar
   return out.astype(x_BxLxHxK.dtype)
 
 
-def causal_attention(
-    q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array
-) -> jax.Array:
+def causal_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array) -> jax.Array:
   """Causal softmax attention with G kv heads shared by H/G consecutive query heads each.
 
   Scores and softmax are float32; query head h reads kv head h // (H/G) (HF `repeat_kv`).
@@ -59,7 +57,7 @@ def causal_attention(
   G = k_BxLxGxK.shape[2]
   q_BxLxGxRxK = q_BxLxHxK.reshape(B, L, G, H // G, K)
   s_BxGxRxLxS = jnp.einsum(
-      "blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxLxGxK, preferred_element_type=jnp.float32
+    "blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxLxGxK, preferred_element_type=jnp.float32
   ) * (K**-0.5)
   causal_LxS = jnp.tril(jnp.ones((L, L), dtype=bool))
   s_BxGxRxLxS = jnp.where(causal_LxS, s_BxGxRxLxS, jnp.finfo(jnp.float32).min)
@@ -72,27 +70,34 @@ class Attention(nnx.Module):
   """Grouped-query causal self-attention with RoPE and optional QK-norm (OLMo/Qwen3)."""
 
   def __init__(
-      self,
-      d_model: int,
-      n_heads: int,
-      n_kv_heads: int,
-      head_dim: int,
-      *,
-      qk_norm: bool = False,
-      rope_theta: float = 10000.0,
-      dtype: str = "float32",
-      init_std: float = 0.02,
-      out_std: float | None = None,
-      norm_eps: float = 1e-6,
-      rngs: nnx.Rngs,
+    self,
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    *,
+    qk_norm: bool = False,
+    rope_theta: float = 10000.0,
+    dtype: str = "float32",
+    init_std: float = 0.02,
+    out_std: float | None = None,
+    norm_eps: float = 1e-6,
+    rngs: nnx.Rngs,
   ):
     self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
     self.rope_theta = rope_theta
     cdt = jnp.dtype(dtype)
 
     def proj(n_in: int, n_out: int, std: float) -> nnx.Linear:
-      return nnx.Linear(n_in, n_out, use_bias=False, dtype=cdt, param_dtype=jnp.float32,
-                        kernel_init=init_normal(std), rngs=rngs)
+      return nnx.Linear(
+        n_in,
+        n_out,
+        use_bias=False,
+        dtype=cdt,
+        param_dtype=jnp.float32,
+        kernel_init=init_normal(std),
+        rngs=rngs,
+      )
 
     self.q_proj = proj(d_model, n_heads * head_dim, init_std)
     self.k_proj = proj(d_model, n_kv_heads * head_dim, init_std)
@@ -126,14 +131,14 @@ class DenseFFN(nnx.Module):
   """Dense SwiGLU feed-forward; float32 params, computed in `dtype`."""
 
   def __init__(
-      self,
-      d_model: int,
-      d_ff: int,
-      *,
-      dtype: str = "float32",
-      init_std: float = 0.02,
-      out_std: float | None = None,
-      rngs: nnx.Rngs,
+    self,
+    d_model: int,
+    d_ff: int,
+    *,
+    dtype: str = "float32",
+    init_std: float = 0.02,
+    out_std: float | None = None,
+    rngs: nnx.Rngs,
   ):
     self.dtype = dtype
     std_out = init_std if out_std is None else out_std
@@ -143,5 +148,9 @@ class DenseFFN(nnx.Module):
 
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     cdt = jnp.dtype(self.dtype)
-    return swiglu(x_BxLxD.astype(cdt), self.w_gate[...].astype(cdt),
-                  self.w_up[...].astype(cdt), self.w_down[...].astype(cdt))
+    return swiglu(
+      x_BxLxD.astype(cdt),
+      self.w_gate[...].astype(cdt),
+      self.w_up[...].astype(cdt),
+      self.w_down[...].astype(cdt),
+    )

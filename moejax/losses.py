@@ -16,100 +16,104 @@ GRANULARITIES = ("micro_batch", "sequence", "global_batch")
 
 
 def cross_entropy(
-    logits_BxLxV: jax.Array, targets_BxL: jax.Array, mask_BxL: jax.Array | None = None
+  logits_BxLxV: jax.Array, targets_BxL: jax.Array, mask_BxL: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
-    """Next-token CE in float32: `targets_BxL[b, t]` is the token predicted at position t.
+  """Next-token CE in float32: `targets_BxL[b, t]` is the token predicted at position t.
 
-    Returns (mean over unmasked tokens, per-token loss_BxL with masked positions set to 0).
-    """
-    if logits_BxLxV.shape[:-1] != targets_BxL.shape:
-        raise UserError(
-            f"targets_BxL: shape {targets_BxL.shape} must equal logits_BxLxV.shape[:-1] "
-            f"{logits_BxLxV.shape[:-1]}")
-    logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
-    tgt_BxLx1 = targets_BxL[..., None].astype(jnp.int32)
-    loss_BxL = -jnp.take_along_axis(logp_BxLxV, tgt_BxLx1, axis=-1)[..., 0]
-    if mask_BxL is None:
-        return loss_BxL.mean(), loss_BxL
-    if mask_BxL.shape != targets_BxL.shape:
-        raise UserError(f"mask_BxL: shape {mask_BxL.shape} must equal targets_BxL.shape "
-                        f"{targets_BxL.shape}")
-    m_BxL = mask_BxL.astype(jnp.float32)
-    loss_BxL = loss_BxL * m_BxL
-    return loss_BxL.sum() / jnp.maximum(m_BxL.sum(), 1.0), loss_BxL
+  Returns (mean over unmasked tokens, per-token loss_BxL with masked positions set to 0).
+  """
+  if logits_BxLxV.shape[:-1] != targets_BxL.shape:
+    raise UserError(
+      f"targets_BxL: shape {targets_BxL.shape} must equal logits_BxLxV.shape[:-1] "
+      f"{logits_BxLxV.shape[:-1]}"
+    )
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
+  tgt_BxLx1 = targets_BxL[..., None].astype(jnp.int32)
+  loss_BxL = -jnp.take_along_axis(logp_BxLxV, tgt_BxLx1, axis=-1)[..., 0]
+  if mask_BxL is None:
+    return loss_BxL.mean(), loss_BxL
+  if mask_BxL.shape != targets_BxL.shape:
+    raise UserError(
+      f"mask_BxL: shape {mask_BxL.shape} must equal targets_BxL.shape {targets_BxL.shape}"
+    )
+  m_BxL = mask_BxL.astype(jnp.float32)
+  loss_BxL = loss_BxL * m_BxL
+  return loss_BxL.sum() / jnp.maximum(m_BxL.sum(), 1.0), loss_BxL
 
 
 def accuracy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
-    """Per-token next-token accuracy (float32 0/1): argmax of logits equals the target."""
-    return (jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL).astype(jnp.float32)
+  """Per-token next-token accuracy (float32 0/1): argmax of logits equals the target."""
+  return (jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL).astype(jnp.float32)
 
 
 def assignment_fractions(assign_BxLxE: jax.Array) -> jax.Array:
-    """Global fraction f_E of assignments per expert (sums to 1), for accumulation by the trainer."""
-    counts_E = jax.lax.stop_gradient(assign_BxLxE).astype(jnp.float32)
-    counts_E = counts_E.reshape(-1, assign_BxLxE.shape[-1]).sum(0)
-    return counts_E / jnp.maximum(counts_E.sum(), 1.0)
+  """Global fraction f_E of assignments per expert (sums to 1), for accumulation by the trainer."""
+  counts_E = jax.lax.stop_gradient(assign_BxLxE).astype(jnp.float32)
+  counts_E = counts_E.reshape(-1, assign_BxLxE.shape[-1]).sum(0)
+  return counts_E / jnp.maximum(counts_E.sum(), 1.0)
 
 
 def _grouped_balance(probs_GxNxE: jax.Array, assign_GxNxE: jax.Array) -> jax.Array:
-    """Mean over groups G of E · Σ_i f_i P_i, each group of N tokens."""
-    counts_GxE = jax.lax.stop_gradient(assign_GxNxE).astype(jnp.float32).sum(1)
-    f_GxE = counts_GxE / jnp.maximum(counts_GxE.sum(-1, keepdims=True), 1.0)
-    p_GxE = probs_GxNxE.astype(jnp.float32).mean(1)
-    return probs_GxNxE.shape[-1] * (f_GxE * p_GxE).sum(-1).mean()
+  """Mean over groups G of E · Σ_i f_i P_i, each group of N tokens."""
+  counts_GxE = jax.lax.stop_gradient(assign_GxNxE).astype(jnp.float32).sum(1)
+  f_GxE = counts_GxE / jnp.maximum(counts_GxE.sum(-1, keepdims=True), 1.0)
+  p_GxE = probs_GxNxE.astype(jnp.float32).mean(1)
+  return probs_GxNxE.shape[-1] * (f_GxE * p_GxE).sum(-1).mean()
 
 
 def load_balance_loss(
-    probs_BxLxE: jax.Array,
-    assign_BxLxE: jax.Array,
-    *,
-    granularity: str,
-    n_shards: int = 1,
-    f_E: jax.Array | None = None,
+  probs_BxLxE: jax.Array,
+  assign_BxLxE: jax.Array,
+  *,
+  granularity: str,
+  n_shards: int = 1,
+  f_E: jax.Array | None = None,
 ) -> jax.Array:
-    """Switch-style balance loss E · Σ_i f_i P_i (unweighted), averaged over groups.
+  """Switch-style balance loss E · Σ_i f_i P_i (unweighted), averaged over groups.
 
-    Groups: one per sequence (`sequence`), one per contiguous batch shard of `n_shards`
-    (`micro_batch`, as each data-parallel device would compute it), or all tokens
-    (`global_batch`). f is a constant (stop_gradient); `f_E` overrides it for global_batch.
-    """
-    if granularity not in GRANULARITIES:
-        raise UserError(f"granularity: got {granularity!r}, allowed {', '.join(GRANULARITIES)}")
-    if probs_BxLxE.ndim != 3 or probs_BxLxE.shape != assign_BxLxE.shape:
-        raise UserError(f"assign_BxLxE: shape {assign_BxLxE.shape} must equal probs_BxLxE "
-                        f"shape {probs_BxLxE.shape} (3-D [batch, length, experts])")
-    if f_E is not None and granularity != "global_batch":
-        raise UserError(f"f_E: only allowed with granularity='global_batch', got {granularity!r}")
-    if not isinstance(n_shards, (int, np.integer)) or n_shards < 1:
-        raise UserError(f"n_shards: got {n_shards!r}, allowed a positive int")
-    B, L, E = probs_BxLxE.shape
-    if granularity == "sequence":
-        return _grouped_balance(probs_BxLxE, assign_BxLxE)
-    if granularity == "micro_batch":
-        if B % n_shards:
-            raise UserError(f"n_shards: {n_shards} must divide the batch size {B}")
-        shape = (n_shards, (B // n_shards) * L, E)
-        return _grouped_balance(probs_BxLxE.reshape(shape), assign_BxLxE.reshape(shape))
-    if f_E is None:
-        f_E = assignment_fractions(assign_BxLxE)
-    elif f_E.shape != (E,):
-        raise UserError(f"f_E: shape {f_E.shape} must be ({E},)")
-    p_E = probs_BxLxE.astype(jnp.float32).reshape(-1, E).mean(0)
-    return E * (jax.lax.stop_gradient(f_E).astype(jnp.float32) * p_E).sum()
+  Groups: one per sequence (`sequence`), one per contiguous batch shard of `n_shards`
+  (`micro_batch`, as each data-parallel device would compute it), or all tokens
+  (`global_batch`). f is a constant (stop_gradient); `f_E` overrides it for global_batch.
+  """
+  if granularity not in GRANULARITIES:
+    raise UserError(f"granularity: got {granularity!r}, allowed {', '.join(GRANULARITIES)}")
+  if probs_BxLxE.ndim != 3 or probs_BxLxE.shape != assign_BxLxE.shape:
+    raise UserError(
+      f"assign_BxLxE: shape {assign_BxLxE.shape} must equal probs_BxLxE "
+      f"shape {probs_BxLxE.shape} (3-D [batch, length, experts])"
+    )
+  if f_E is not None and granularity != "global_batch":
+    raise UserError(f"f_E: only allowed with granularity='global_batch', got {granularity!r}")
+  if not isinstance(n_shards, (int, np.integer)) or n_shards < 1:
+    raise UserError(f"n_shards: got {n_shards!r}, allowed a positive int")
+  B, L, E = probs_BxLxE.shape
+  if granularity == "sequence":
+    return _grouped_balance(probs_BxLxE, assign_BxLxE)
+  if granularity == "micro_batch":
+    if B % n_shards:
+      raise UserError(f"n_shards: {n_shards} must divide the batch size {B}")
+    shape = (n_shards, (B // n_shards) * L, E)
+    return _grouped_balance(probs_BxLxE.reshape(shape), assign_BxLxE.reshape(shape))
+  if f_E is None:
+    f_E = assignment_fractions(assign_BxLxE)
+  elif f_E.shape != (E,):
+    raise UserError(f"f_E: shape {f_E.shape} must be ({E},)")
+  p_E = probs_BxLxE.astype(jnp.float32).reshape(-1, E).mean(0)
+  return E * (jax.lax.stop_gradient(f_E).astype(jnp.float32) * p_E).sum()
 
 
 def router_z_loss(logits_TxE: jax.Array) -> jax.Array:
-    """ST-MoE router z-loss mean(logsumexp(z)²) in float32 (unweighted); any leading shape."""
-    return jnp.square(jax.nn.logsumexp(logits_TxE.astype(jnp.float32), axis=-1)).mean()
+  """ST-MoE router z-loss mean(logsumexp(z)²) in float32 (unweighted); any leading shape."""
+  return jnp.square(jax.nn.logsumexp(logits_TxE.astype(jnp.float32), axis=-1)).mean()
 
 
 def bias_update(bias_E: jax.Array, load_E: jax.Array, gamma: float | jax.Array) -> jax.Array:
-    """Aux-loss-free balancing (DeepSeek-V3): b_i += γ · sign(mean(load) − load_i).
+  """Aux-loss-free balancing (DeepSeek-V3): b_i += γ · sign(mean(load) − load_i).
 
-    `load_E` are global-batch assignment counts; the result keeps `bias_E`'s dtype.
-    """
-    if bias_E.shape != load_E.shape or bias_E.ndim != 1:
-        raise UserError(f"load_E: shape {load_E.shape} must equal bias_E shape {bias_E.shape} (1-D)")
-    load_E = jax.lax.stop_gradient(load_E).astype(jnp.float32)
-    step_E = gamma * jnp.sign(load_E.mean() - load_E)
-    return (bias_E.astype(jnp.float32) + step_E).astype(bias_E.dtype)
+  `load_E` are global-batch assignment counts; the result keeps `bias_E`'s dtype.
+  """
+  if bias_E.shape != load_E.shape or bias_E.ndim != 1:
+    raise UserError(f"load_E: shape {load_E.shape} must equal bias_E shape {bias_E.shape} (1-D)")
+  load_E = jax.lax.stop_gradient(load_E).astype(jnp.float32)
+  step_E = gamma * jnp.sign(load_E.mean() - load_E)
+  return (bias_E.astype(jnp.float32) + step_E).astype(bias_E.dtype)

@@ -47,27 +47,33 @@ class ModelConfig:
     if self.head_dim < 0:
       raise UserError(f"model.head_dim={self.head_dim} is not allowed; use 0 (auto) or > 0")
     if self.head_dim == 0 and self.d_model % self.n_heads:
-      raise UserError(f"model.n_heads={self.n_heads} must divide model.d_model="
-                      f"{self.d_model} (or set model.head_dim)")
+      raise UserError(
+        f"model.n_heads={self.n_heads} must divide model.d_model="
+        f"{self.d_model} (or set model.head_dim)"
+      )
     if self.n_heads % self.n_kv_heads:
-      raise UserError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads="
-                      f"{self.n_heads}")
+      raise UserError(
+        f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}"
+      )
     if self.resolved_head_dim % 2:
-      raise UserError(f"model.head_dim={self.resolved_head_dim} is not allowed; RoPE needs "
-                      f"an even head_dim")
+      raise UserError(
+        f"model.head_dim={self.resolved_head_dim} is not allowed; RoPE needs an even head_dim"
+      )
     if self.dtype not in DTYPES:
-      raise UserError(f"model.dtype={self.dtype!r} is not allowed; use one of "
-                      f"{', '.join(DTYPES)}")
+      raise UserError(f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
     if self.moe_every < 0:
       raise UserError(f"model.moe_every={self.moe_every} is not allowed; use an int >= 0")
     if not 0 <= self.first_dense <= self.n_layers:
-      raise UserError(f"model.first_dense={self.first_dense} is not allowed; use 0 <= "
-                      f"first_dense <= n_layers={self.n_layers}")
+      raise UserError(
+        f"model.first_dense={self.first_dense} is not allowed; use 0 <= "
+        f"first_dense <= n_layers={self.n_layers}"
+      )
     if not (self.rope_theta > 0 and self.norm_eps > 0 and self.init_std > 0):
       raise UserError("model.rope_theta, model.norm_eps and model.init_std must be > 0")
     if self.moe is not None and self.moe.d_model != self.d_model:
-      raise UserError(f"model.moe.d_model={self.moe.d_model} must equal model.d_model="
-                      f"{self.d_model}")
+      raise UserError(
+        f"model.moe.d_model={self.moe.d_model} must equal model.d_model={self.d_model}"
+      )
     if self.d_ff < 1 and not all(is_moe_layer(self, i) for i in range(self.n_layers)):
       raise UserError(f"model.d_ff={self.d_ff} is not allowed; dense layers need d_ff >= 1")
 
@@ -79,8 +85,12 @@ class ModelConfig:
 
 def is_moe_layer(cfg: ModelConfig, i: int) -> bool:
   """Whether layer i uses the MoE block (every `moe_every`-th layer from `first_dense` on)."""
-  return (cfg.moe is not None and cfg.moe_every > 0 and i >= cfg.first_dense
-          and (i - cfg.first_dense) % cfg.moe_every == 0)
+  return (
+    cfg.moe is not None
+    and cfg.moe_every > 0
+    and i >= cfg.first_dense
+    and (i - cfg.first_dense) % cfg.moe_every == 0
+  )
 
 
 class Block(nnx.Module):
@@ -91,21 +101,38 @@ class Block(nnx.Module):
     self.is_moe = is_moe_layer(cfg, layer)
     out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
     self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
-    self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim,
-                          qk_norm=cfg.qk_norm, rope_theta=cfg.rope_theta, dtype=cfg.dtype,
-                          init_std=cfg.init_std, out_std=out_std, norm_eps=cfg.norm_eps,
-                          rngs=rngs)
+    self.attn = Attention(
+      cfg.d_model,
+      cfg.n_heads,
+      cfg.n_kv_heads,
+      cfg.resolved_head_dim,
+      qk_norm=cfg.qk_norm,
+      rope_theta=cfg.rope_theta,
+      dtype=cfg.dtype,
+      init_std=cfg.init_std,
+      out_std=out_std,
+      norm_eps=cfg.norm_eps,
+      rngs=rngs,
+    )
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     if self.is_moe:
       moe_cfg = dataclasses.replace(cfg.moe, dtype=cfg.dtype)  # the model's dtype wins
       self.mlp = MoEBlock(moe_cfg, rngs=rngs)
     else:
-      self.mlp = DenseFFN(cfg.d_model, cfg.d_ff, dtype=cfg.dtype, init_std=cfg.init_std,
-                          out_std=out_std, rngs=rngs)
+      self.mlp = DenseFFN(
+        cfg.d_model, cfg.d_ff, dtype=cfg.dtype, init_std=cfg.init_std, out_std=out_std, rngs=rngs
+      )
 
-  def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array, *, k: int | None = None,
-               k2: int | None = None, train: bool = False, rng: jax.Array | None = None
-               ) -> tuple[jax.Array, dict[str, Any] | None]:
+  def __call__(
+    self,
+    x_BxLxD: jax.Array,
+    positions_BxL: jax.Array,
+    *,
+    k: int | None = None,
+    k2: int | None = None,
+    train: bool = False,
+    rng: jax.Array | None = None,
+  ) -> tuple[jax.Array, dict[str, Any] | None]:
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
@@ -120,21 +147,38 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype),
-                           param_dtype=jnp.float32, embedding_init=init_normal(cfg.init_std),
-                           rngs=rngs)
+    self.embed = nnx.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=jnp.dtype(cfg.dtype),
+      param_dtype=jnp.float32,
+      embedding_init=init_normal(cfg.init_std),
+      rngs=rngs,
+    )
     self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     if cfg.tie_embeddings:
       self.lm_head = None
     else:
-      self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
-                                dtype=jnp.float32, param_dtype=jnp.float32,
-                                kernel_init=init_normal(cfg.init_std), rngs=rngs)
+      self.lm_head = nnx.Linear(
+        cfg.d_model,
+        cfg.vocab_size,
+        use_bias=False,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        kernel_init=init_normal(cfg.init_std),
+        rngs=rngs,
+      )
 
-  def __call__(self, tokens_BxL: jax.Array, *, k: int | None = None, k2: int | None = None,
-               train: bool = False, rng: jax.Array | None = None
-               ) -> tuple[jax.Array, list[dict[str, Any]]]:
+  def __call__(
+    self,
+    tokens_BxL: jax.Array,
+    *,
+    k: int | None = None,
+    k2: int | None = None,
+    train: bool = False,
+    rng: jax.Array | None = None,
+  ) -> tuple[jax.Array, list[dict[str, Any]]]:
     """Float32 logits [B, L, V] and one {"layer", "aux", "stats"} dict per MoE layer."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))

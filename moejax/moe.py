@@ -56,12 +56,20 @@ class MoEConfig:
     if self.dtype not in DTYPES:
       raise UserError(f"moe.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
     if not 1 <= self.top_k <= self.n_experts:
-      raise UserError(f"moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= "
-                      f"n_experts={self.n_experts}")
+      raise UserError(
+        f"moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= n_experts={self.n_experts}"
+      )
     routing.validate(self.merge_rule, self.n_experts, self.top_k)
-    dsp.validate_dispatch(self.dispatch, self.drop_policy, self.second_expert, self.impl,
-                          self.capacity_factor, self.eval_capacity_factor, self.min_capacity,
-                          self.group_size)
+    dsp.validate_dispatch(
+      self.dispatch,
+      self.drop_policy,
+      self.second_expert,
+      self.impl,
+      self.capacity_factor,
+      self.eval_capacity_factor,
+      self.min_capacity,
+      self.group_size,
+    )
     if self.second_expert == "random" and self.top_k < 2:
       raise UserError("moe.second_expert='random' needs top_k >= 2")
 
@@ -107,19 +115,34 @@ class MoEBlock(nnx.Module):
     self.router = Router(cfg.d_model, cfg.n_experts, init_std=cfg.init_std, rngs=rngs)
     self.experts = Experts(cfg, rngs=rngs)
     if cfg.d_shared > 0:
-      self.shared = DenseFFN(cfg.d_model, cfg.d_shared, dtype=cfg.dtype,
-                             init_std=cfg.init_std, rngs=rngs)
+      self.shared = DenseFFN(
+        cfg.d_model, cfg.d_shared, dtype=cfg.dtype, init_std=cfg.init_std, rngs=rngs
+      )
       if cfg.merge_rule.shared == "sigmoid":
         self.shared_gate = SharedGate(cfg.d_model, init_std=cfg.init_std, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, k: int | None = None, k2: int | None = None,
-               train: bool = False, rng: jax.Array | None = None):
+  def __call__(
+    self,
+    x: jax.Array,
+    *,
+    k: int | None = None,
+    k2: int | None = None,
+    train: bool = False,
+    rng: jax.Array | None = None,
+  ):
     """Returns (y, aux) with y shaped like x and aux a dict of float32 scalars."""
     y, aux, _ = self.forward(x, k=k, k2=k2, train=train, rng=rng)
     return y, aux
 
-  def forward(self, x: jax.Array, *, k: int | None = None, k2: int | None = None,
-              train: bool = False, rng: jax.Array | None = None):
+  def forward(
+    self,
+    x: jax.Array,
+    *,
+    k: int | None = None,
+    k2: int | None = None,
+    train: bool = False,
+    rng: jax.Array | None = None,
+  ):
     """Like `__call__`, plus per-token router statistics for the balance losses:
     `probs` (normalized full-router probabilities) and `assign` (0/1 per expert)."""
     cfg, rule = self.cfg, self.cfg.merge_rule
@@ -142,14 +165,21 @@ class MoEBlock(nnx.Module):
     ex = self.experts.weights()
     if cfg.dispatch == "dropless":
       w_TxK = ro.weights_TxK if keep_TxK is None else ro.weights_TxK * keep_TxK
-      routed_TxD = dsp.dropless(x_c, ro.experts_TxK, w_TxK, ex, impl=cfg.impl,
-                                block=cfg.block_size)
+      routed_TxD = dsp.dropless(x_c, ro.experts_TxK, w_TxK, ex, impl=cfg.impl, block=cfg.block_size)
       kept_TxK = jnp.ones(ro.experts_TxK.shape, bool) if keep_TxK is None else keep_TxK
     else:
       G = cfg.group_size or T
-      dsp.validate_dispatch(cfg.dispatch, cfg.drop_policy, cfg.second_expert, cfg.impl,
-                            cfg.capacity_factor, cfg.eval_capacity_factor, cfg.min_capacity,
-                            G, T)
+      dsp.validate_dispatch(
+        cfg.dispatch,
+        cfg.drop_policy,
+        cfg.second_expert,
+        cfg.impl,
+        cfg.capacity_factor,
+        cfg.eval_capacity_factor,
+        cfg.min_capacity,
+        G,
+        T,
+      )
       factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
       cap = dsp.capacity(factor, k, G, E, cfg.min_capacity)
       if cfg.drop_policy == "position":
@@ -157,8 +187,15 @@ class MoEBlock(nnx.Module):
       else:
         pri_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, -1)
       routed_TxD, kept_TxK = dsp.capacity_dispatch(
-          x_c, ro.experts_TxK, ro.weights_TxK, ex, cap=cap, group_size=G,
-          priority_TxK=pri_TxK, keep_TxK=keep_TxK)
+        x_c,
+        ro.experts_TxK,
+        ro.weights_TxK,
+        ex,
+        cap=cap,
+        group_size=G,
+        priority_TxK=pri_TxK,
+        keep_TxK=keep_TxK,
+      )
 
     y_TxD = routed_TxD
     coef_T = jnp.zeros((T,), jnp.float32)
@@ -172,14 +209,16 @@ class MoEBlock(nnx.Module):
 
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
     assign_TxE = jax.nn.one_hot(ro.experts_TxK, E, dtype=jnp.float32).sum(1)
-    aux = diagnostics(logits_TxE, probs_TxE, assign_TxE, ro.weights_TxK, kept_TxK,
-                      routed_TxD, coef_T)
+    aux = diagnostics(
+      logits_TxE, probs_TxE, assign_TxE, ro.weights_TxK, kept_TxK, routed_TxD, coef_T
+    )
     stats = {"probs": probs_TxE.reshape(*lead, E), "assign": assign_TxE.reshape(*lead, E)}
     return y_TxD.reshape(*lead, D).astype(x.dtype), aux, stats
 
 
-def diagnostics(logits_TxE, probs_TxE, assign_TxE, weights_TxK, kept_TxK, routed_TxD,
-                coef_T) -> dict[str, jax.Array]:
+def diagnostics(
+  logits_TxE, probs_TxE, assign_TxE, weights_TxK, kept_TxK, routed_TxD, coef_T
+) -> dict[str, jax.Array]:
   """DESIGN.md §6 per-layer diagnostics, all float32 scalars over this call's tokens."""
   E = probs_TxE.shape[-1]
   f_E = assign_TxE.sum(0) / assign_TxE.sum()
@@ -188,12 +227,12 @@ def diagnostics(logits_TxE, probs_TxE, assign_TxE, weights_TxK, kept_TxK, routed
   entropy_T = -(probs_TxE * jnp.log(jnp.clip(probs_TxE, 1e-30))).sum(-1)
   routed32 = routed_TxD.astype(jnp.float32)
   return {
-      "aux_loss": E * jnp.sum(f_E * probs_TxE.mean(0)),
-      "z_loss": jnp.mean(logz_T ** 2),
-      "drop_fraction": 1.0 - kept_TxK.astype(jnp.float32).mean(),
-      "load_max_over_mean": load_E.max() / load_E.mean(),
-      "routed_mass": weights_TxK.sum(-1).mean(),
-      "shared_coef": coef_T.mean(),
-      "routed_out_rms": jnp.sqrt(jnp.mean(routed32 ** 2)),
-      "router_entropy": entropy_T.mean(),
+    "aux_loss": E * jnp.sum(f_E * probs_TxE.mean(0)),
+    "z_loss": jnp.mean(logz_T**2),
+    "drop_fraction": 1.0 - kept_TxK.astype(jnp.float32).mean(),
+    "load_max_over_mean": load_E.max() / load_E.mean(),
+    "routed_mass": weights_TxK.sum(-1).mean(),
+    "shared_coef": coef_T.mean(),
+    "routed_out_rms": jnp.sqrt(jnp.mean(routed32**2)),
+    "router_entropy": entropy_T.mean(),
   }

@@ -12,8 +12,12 @@ def schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
   o = c.optim
   warmup = min(o.warmup_steps, max(c.train.steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=o.lr, warmup_steps=warmup,
-      decay_steps=max(c.train.steps, warmup + 1), end_value=o.lr * o.min_lr_ratio)
+    init_value=0.0,
+    peak_value=o.lr,
+    warmup_steps=warmup,
+    decay_steps=max(c.train.steps, warmup + 1),
+    end_value=o.lr * o.min_lr_ratio,
+  )
 
 
 def _decay_mask(params):
@@ -26,7 +30,7 @@ def optimizer(c: ml_collections.ConfigDict) -> tuple[optax.GradientTransformatio
   o = c.optim
   lr = schedule(c)
   tx = optax.chain(
-      optax.clip_by_global_norm(o.clip_norm) if o.clip_norm > 0 else optax.identity(),
-      optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                  mask=_decay_mask))
+    optax.clip_by_global_norm(o.clip_norm) if o.clip_norm > 0 else optax.identity(),
+    optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=_decay_mask),
+  )
   return tx, lr

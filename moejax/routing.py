@@ -55,27 +55,35 @@ class MergeRule:
       raise UserError(f"rule.n_groups={self.n_groups} is not allowed; use an int >= 1")
     if not 1 <= self.topk_groups <= self.n_groups:
       raise UserError(
-          f"rule.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
-          f"n_groups={self.n_groups}")
+        f"rule.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
+        f"n_groups={self.n_groups}"
+      )
 
 
 RULES: dict[str, MergeRule] = {
-    "mixtral": MergeRule(),
-    "qwen3_moe": MergeRule(),
-    "olmoe": MergeRule(norm="none"),
-    "qwen2_moe": MergeRule(norm="none", shared="sigmoid"),
-    "qwen3_5_moe": MergeRule(shared="sigmoid"),
-    "megatron": MergeRule(shared="unit"),
-    "olmo": MergeRule(scale="k", shared="unit"),
-    "deepseek_v3": MergeRule(score="sigmoid", scale=2.5, shared="unit", selection_bias=True,
-                             n_groups=8, topk_groups=4, group_score="top2_sum"),
-    "deepseek_v2_lite": MergeRule(norm="none", shared="unit"),
-    "dbrx": MergeRule(norm="lp", lp=1.0),
-    "megablocks": MergeRule(norm="none"),
-    "megablocks_lp2": MergeRule(norm="lp", lp=2.0),
-    "kplus1": MergeRule(norm="none", shared="kplus1"),
-    "switch": MergeRule(norm="none"),
-    "gshard": MergeRule(),
+  "mixtral": MergeRule(),
+  "qwen3_moe": MergeRule(),
+  "olmoe": MergeRule(norm="none"),
+  "qwen2_moe": MergeRule(norm="none", shared="sigmoid"),
+  "qwen3_5_moe": MergeRule(shared="sigmoid"),
+  "megatron": MergeRule(shared="unit"),
+  "olmo": MergeRule(scale="k", shared="unit"),
+  "deepseek_v3": MergeRule(
+    score="sigmoid",
+    scale=2.5,
+    shared="unit",
+    selection_bias=True,
+    n_groups=8,
+    topk_groups=4,
+    group_score="top2_sum",
+  ),
+  "deepseek_v2_lite": MergeRule(norm="none", shared="unit"),
+  "dbrx": MergeRule(norm="lp", lp=1.0),
+  "megablocks": MergeRule(norm="none"),
+  "megablocks_lp2": MergeRule(norm="lp", lp=2.0),
+  "kplus1": MergeRule(norm="none", shared="kplus1"),
+  "switch": MergeRule(norm="none"),
+  "gshard": MergeRule(),
 }
 
 
@@ -96,8 +104,9 @@ class Routing(NamedTuple):
   scores_TxE: jax.Array  # float32 s, unbiased
 
 
-def validate(rule: MergeRule, n_experts: int, k: int, k2: int | None = None,
-             train_k: int | None = None) -> None:
+def validate(
+  rule: MergeRule, n_experts: int, k: int, k2: int | None = None, train_k: int | None = None
+) -> None:
   """Raises `UserError` naming the field when (rule, E, k, k2) cannot be routed."""
   E = n_experts
   if not 1 <= k <= E:
@@ -110,12 +119,15 @@ def validate(rule: MergeRule, n_experts: int, k: int, k2: int | None = None,
     raise UserError(f"rule.n_groups={rule.n_groups} is not allowed; it must divide n_experts={E}")
   group_size = E // rule.n_groups
   if rule.n_groups > 1 and rule.group_score == "top2_sum" and group_size < 2:
-    raise UserError(f"rule.group_score='top2_sum' needs >= 2 experts per group; "
-                    f"n_experts={E} with n_groups={rule.n_groups} gives {group_size}")
+    raise UserError(
+      f"rule.group_score='top2_sum' needs >= 2 experts per group; "
+      f"n_experts={E} with n_groups={rule.n_groups} gives {group_size}"
+    )
   kept = rule.topk_groups * group_size
   if rule.n_groups > 1 and k > kept:
-    raise UserError(f"k={k} is not allowed; the kept groups hold only topk_groups*E/n_groups="
-                    f"{kept} experts")
+    raise UserError(
+      f"k={k} is not allowed; the kept groups hold only topk_groups*E/n_groups={kept} experts"
+    )
 
 
 def scores(logits_TxE: jax.Array, rule: MergeRule) -> jax.Array:
@@ -124,8 +136,9 @@ def scores(logits_TxE: jax.Array, rule: MergeRule) -> jax.Array:
   return jax.nn.softmax(z_TxE, axis=-1) if rule.score == "softmax" else jax.nn.sigmoid(z_TxE)
 
 
-def selection_keys(scores_TxE: jax.Array, rule: MergeRule,
-                   bias_E: jax.Array | None = None) -> jax.Array:
+def selection_keys(
+  scores_TxE: jax.Array, rule: MergeRule, bias_E: jax.Array | None = None
+) -> jax.Array:
   """The keys top-k runs on: s + b, with experts outside the kept groups at −inf."""
   key_TxE = scores_TxE
   if rule.selection_bias and bias_E is not None:
@@ -139,14 +152,20 @@ def selection_keys(scores_TxE: jax.Array, rule: MergeRule,
   else:
     group_TxG = jax.lax.top_k(key_TxGxS, 2)[0].sum(-1)
   _, kept_TxKg = jax.lax.top_k(group_TxG, rule.topk_groups)
-  keep_TxG = jnp.zeros(group_TxG.shape, bool).at[
-      jnp.arange(T)[:, None], kept_TxKg].set(True)
+  keep_TxG = jnp.zeros(group_TxG.shape, bool).at[jnp.arange(T)[:, None], kept_TxKg].set(True)
   masked_TxGxS = jnp.where(keep_TxG[..., None], key_TxGxS, -jnp.inf)
   return masked_TxGxS.reshape(T, E)
 
 
-def route(logits_TxE: jax.Array, rule: MergeRule | str, k: int, *, k2: int | None = None,
-          bias_E: jax.Array | None = None, train_k: int | None = None) -> Routing:
+def route(
+  logits_TxE: jax.Array,
+  rule: MergeRule | str,
+  k: int,
+  *,
+  k2: int | None = None,
+  bias_E: jax.Array | None = None,
+  train_k: int | None = None,
+) -> Routing:
   """Selects k experts per token and computes r_i = α·p_i (DESIGN.md §2).
 
   `k2` replaces the rule's normalization by p_i = s_i / Σ_{top-k2} s_j, the top-k2 taken
@@ -168,7 +187,7 @@ def route(logits_TxE: jax.Array, rule: MergeRule | str, k: int, *, k2: int | Non
   elif rule.norm == "sum":
     p_TxK = s_TxK / s_TxK.sum(-1, keepdims=True)
   elif rule.norm == "lp":
-    p_TxK = s_TxK / (s_TxK ** rule.lp).sum(-1, keepdims=True) ** (1.0 / rule.lp)
+    p_TxK = s_TxK / (s_TxK**rule.lp).sum(-1, keepdims=True) ** (1.0 / rule.lp)
   else:
     p_TxK = s_TxK
 
@@ -178,8 +197,9 @@ def route(logits_TxE: jax.Array, rule: MergeRule | str, k: int, *, k2: int | Non
   return Routing(experts_TxK.astype(jnp.int32), (alpha * p_TxK).astype(jnp.float32), s_TxE)
 
 
-def shared_coefficient(rule: MergeRule, train_k: int, gate_logit_T: jax.Array | None,
-                       n_tokens: int) -> jax.Array:
+def shared_coefficient(
+  rule: MergeRule, train_k: int, gate_logit_T: jax.Array | None, n_tokens: int
+) -> jax.Array:
   """c(x) per token: 0, 1, σ(x·w_g) or 1/(K+1) with K the trained top-k."""
   if rule.shared == "sigmoid":
     return jax.nn.sigmoid(gate_logit_T.astype(jnp.float32))

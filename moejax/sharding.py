@@ -25,8 +25,10 @@ def make_mesh(m: ml_collections.ConfigDict) -> Mesh:
       raise UserError(f"mesh.{axis}={m[axis]} is not allowed; use an int >= 1")
   data = m.data if m.data != -1 else n // (m.fsdp * m.expert)
   if data < 1 or data * m.fsdp * m.expert != n:
-    raise UserError(f"mesh.data×mesh.fsdp×mesh.expert={m.data}×{m.fsdp}×{m.expert} must equal "
-                    f"the {n} devices (mesh.data=-1 fills in)")
+    raise UserError(
+      f"mesh.data×mesh.fsdp×mesh.expert={m.data}×{m.fsdp}×{m.expert} must equal "
+      f"the {n} devices (mesh.data=-1 fills in)"
+    )
   devices = np.asarray(jax.devices()).reshape(data, m.fsdp, m.expert)
   return Mesh(devices, AXES)
 
@@ -53,4 +55,5 @@ def _spec(path, leaf, mesh: Mesh) -> P:
 def state_sharding(state, mesh: Mesh):
   """NamedShardings for a train-state pytree (optimizer moments follow their params)."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: NamedSharding(mesh, _spec(path, leaf, mesh)), state)
+    lambda path, leaf: NamedSharding(mesh, _spec(path, leaf, mesh)), state
+  )

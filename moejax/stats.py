@@ -12,62 +12,64 @@ _CHUNK_ELEMENTS = 2_000_000  # resample indices drawn per chunk, bounds memory
 
 
 def _as_diff(diff_N, name: str = "diff_N") -> np.ndarray:
-    diff_N = np.asarray(diff_N, dtype=np.float64)
-    if diff_N.ndim != 1 or diff_N.size == 0:
-        raise UserError(f"{name}: must be a non-empty 1-D array, got shape {diff_N.shape}")
-    if not np.all(np.isfinite(diff_N)):
-        raise UserError(f"{name}: must be finite (no NaN or inf)")
-    return diff_N
+  diff_N = np.asarray(diff_N, dtype=np.float64)
+  if diff_N.ndim != 1 or diff_N.size == 0:
+    raise UserError(f"{name}: must be a non-empty 1-D array, got shape {diff_N.shape}")
+  if not np.all(np.isfinite(diff_N)):
+    raise UserError(f"{name}: must be finite (no NaN or inf)")
+  return diff_N
 
 
 def paired_bootstrap_ci(
-    diff_N, *, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+  diff_N, *, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile-bootstrap CI of the mean per-sequence difference; deterministic per seed."""
-    diff_N = _as_diff(diff_N)
-    if int(n_resamples) != n_resamples or n_resamples < MIN_RESAMPLES:
-        raise UserError(f"n_resamples: got {n_resamples!r}, allowed an int >= {MIN_RESAMPLES}")
-    if not 0.0 < confidence < 1.0:
-        raise UserError(f"confidence: got {confidence!r}, allowed a float in (0, 1)")
-    n = diff_N.size
-    rng = np.random.default_rng(seed)
-    chunk = max(1, _CHUNK_ELEMENTS // n)
-    means_R = np.empty(int(n_resamples))
-    for start in range(0, int(n_resamples), chunk):
-        stop = min(start + chunk, int(n_resamples))
-        idx_RxN = rng.integers(0, n, size=(stop - start, n))
-        means_R[start:stop] = diff_N[idx_RxN].mean(axis=1)
-    alpha = 1.0 - confidence
-    low, high = np.quantile(means_R, [alpha / 2, 1.0 - alpha / 2])
-    return float(low), float(high)
+  """Percentile-bootstrap CI of the mean per-sequence difference; deterministic per seed."""
+  diff_N = _as_diff(diff_N)
+  if int(n_resamples) != n_resamples or n_resamples < MIN_RESAMPLES:
+    raise UserError(f"n_resamples: got {n_resamples!r}, allowed an int >= {MIN_RESAMPLES}")
+  if not 0.0 < confidence < 1.0:
+    raise UserError(f"confidence: got {confidence!r}, allowed a float in (0, 1)")
+  n = diff_N.size
+  rng = np.random.default_rng(seed)
+  chunk = max(1, _CHUNK_ELEMENTS // n)
+  means_R = np.empty(int(n_resamples))
+  for start in range(0, int(n_resamples), chunk):
+    stop = min(start + chunk, int(n_resamples))
+    idx_RxN = rng.integers(0, n, size=(stop - start, n))
+    means_R[start:stop] = diff_N[idx_RxN].mean(axis=1)
+  alpha = 1.0 - confidence
+  low, high = np.quantile(means_R, [alpha / 2, 1.0 - alpha / 2])
+  return float(low), float(high)
 
 
 def paired_p_value(diff_N) -> float:
-    """Two-sided paired t-test (one-sample t-test of the differences against 0, = ttest_rel).
+  """Two-sided paired t-test (one-sample t-test of the differences against 0, = ttest_rel).
 
-    Chosen because per-sequence loss differences average many tokens and are near-normal;
-    all-zero differences give 1.0, constant non-zero differences give 0.0 (never NaN).
-    """
-    diff_N = _as_diff(diff_N)
-    if diff_N.size < 2:
-        raise UserError(f"diff_N: needs at least 2 sequences for a paired test, got {diff_N.size}")
-    if np.all(diff_N == 0.0):
-        return 1.0
-    if np.all(diff_N == diff_N[0]):
-        return 0.0
-    return float(sps.ttest_1samp(diff_N, 0.0).pvalue)
+  Chosen because per-sequence loss differences average many tokens and are near-normal;
+  all-zero differences give 1.0, constant non-zero differences give 0.0 (never NaN).
+  """
+  diff_N = _as_diff(diff_N)
+  if diff_N.size < 2:
+    raise UserError(f"diff_N: needs at least 2 sequences for a paired test, got {diff_N.size}")
+  if np.all(diff_N == 0.0):
+    return 1.0
+  if np.all(diff_N == diff_N[0]):
+    return 0.0
+  return float(sps.ttest_1samp(diff_N, 0.0).pvalue)
 
 
 def summarize_cell(loss_N, ref_loss_N, **kw) -> dict:
-    """Delta, paired-bootstrap CI and p-value of a cell's per-sequence losses vs the reference.
+  """Delta, paired-bootstrap CI and p-value of a cell's per-sequence losses vs the reference.
 
-    `kw` goes to `paired_bootstrap_ci` (n_resamples, confidence, seed).
-    """
-    loss_N = _as_diff(loss_N, "loss_N")
-    ref_loss_N = _as_diff(ref_loss_N, "ref_loss_N")
-    if loss_N.shape != ref_loss_N.shape:
-        raise UserError(f"ref_loss_N: shape {ref_loss_N.shape} must equal loss_N shape "
-                        f"{loss_N.shape} (same sequences, same order)")
-    diff_N = loss_N - ref_loss_N
-    low, high = paired_bootstrap_ci(diff_N, **kw)
-    return dict(delta=float(diff_N.mean()), delta_ci95=[low, high], p_value=paired_p_value(diff_N))
+  `kw` goes to `paired_bootstrap_ci` (n_resamples, confidence, seed).
+  """
+  loss_N = _as_diff(loss_N, "loss_N")
+  ref_loss_N = _as_diff(ref_loss_N, "ref_loss_N")
+  if loss_N.shape != ref_loss_N.shape:
+    raise UserError(
+      f"ref_loss_N: shape {ref_loss_N.shape} must equal loss_N shape "
+      f"{loss_N.shape} (same sequences, same order)"
+    )
+  diff_N = loss_N - ref_loss_N
+  low, high = paired_bootstrap_ci(diff_N, **kw)
+  return dict(delta=float(diff_N.mean()), delta_ci95=[low, high], p_value=paired_p_value(diff_N))

@@ -44,8 +44,16 @@ def moe_blocks(model: nnx.Module) -> list[MoEBlock]:
   return [b.mlp for b in model.layers if isinstance(b.mlp, MoEBlock)]
 
 
-def forward_loss(graphdef, params, router, tokens_BxL1: jax.Array, rng: jax.Array | None,
-                 lc: LossConfig, f_LxE: jax.Array | None = None, train: bool = True):
+def forward_loss(
+  graphdef,
+  params,
+  router,
+  tokens_BxL1: jax.Array,
+  rng: jax.Array | None,
+  lc: LossConfig,
+  f_LxE: jax.Array | None = None,
+  train: bool = True,
+):
   """Total loss and its parts for one micro-batch; also per-layer assignment counts."""
   model = nnx.merge(graphdef, params, router)
   logits_BxLxV, moe_outs = model(tokens_BxL1[:, :-1], train=train, rng=rng)
@@ -57,9 +65,15 @@ def forward_loss(graphdef, params, router, tokens_BxL1: jax.Array, rng: jax.Arra
     balance = []
     for j, out in enumerate(moe_outs):
       st = out["stats"]
-      balance.append(losses.load_balance_loss(
-          st["probs"], st["assign"], granularity=lc.balance_granularity, n_shards=lc.n_shards,
-          f_E=None if f_LxE is None else f_LxE[j]))
+      balance.append(
+        losses.load_balance_loss(
+          st["probs"],
+          st["assign"],
+          granularity=lc.balance_granularity,
+          n_shards=lc.n_shards,
+          f_E=None if f_LxE is None else f_LxE[j],
+        )
+      )
       loads.append(st["assign"].sum((0, 1)))
       for name, value in out["aux"].items():
         metrics[f"moe/layer{out['layer']}/{name}"] = value
@@ -82,20 +96,24 @@ def _micro(tokens_BxL1: jax.Array, n: int) -> jax.Array:
 
 def global_fractions(graphdef, params, router, tokens_BxL1, lc: LossConfig, rng) -> jax.Array:
   """f_i over the whole batch (all accumulation steps), from a forward-only pass."""
+
   def body(total, xs):
     toks, key = xs
     _, (_, loads_LxE) = forward_loss(graphdef, params, router, toks, key, lc)
     return total + loads_LxE, None
+
   micro = _micro(tokens_BxL1, lc.grad_accum)
   keys = jax.random.split(rng, lc.grad_accum)
-  _, (_, loads0) = jax.eval_shape(lambda: forward_loss(graphdef, params, router, micro[0],
-                                                        keys[0], lc))
+  _, (_, loads0) = jax.eval_shape(
+    lambda: forward_loss(graphdef, params, router, micro[0], keys[0], lc)
+  )
   total, _ = jax.lax.scan(body, jnp.zeros(loads0.shape, jnp.float32), (micro, keys))
   return jax.lax.stop_gradient(total / total.sum(-1, keepdims=True))
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, lc: LossConfig,
-                    schedule: optax.Schedule):
+def make_train_step(
+  graphdef, tx: optax.GradientTransformation, lc: LossConfig, schedule: optax.Schedule
+):
   """Returns train_step(state, tokens_BxL1, rng) -> (state, metrics), to jit with donation."""
 
   def train_step(state: State, tokens_BxL1: jax.Array, rng: jax.Array):
@@ -112,8 +130,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, lc: LossConfig,
 
     micro = _micro(tokens_BxL1, lc.grad_accum)
     keys = jax.random.split(rng, lc.grad_accum)
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-        lambda: (params,) + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE)[0][1]))
+    zeros = jax.tree.map(
+      jnp.zeros_like,
+      jax.eval_shape(
+        lambda: (params,) + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE)[0][1]
+      ),
+    )
     (grads, metrics, loads_LxE), _ = jax.lax.scan(body, zeros, (micro, keys))
     scale = 1.0 / lc.grad_accum
     grads = jax.tree.map(lambda g: g * scale, grads)
@@ -124,8 +146,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, lc: LossConfig,
       router = update_router_bias(graphdef, params, router, loads_LxE, lc.bias_update_rate)
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["lr"] = schedule(state["step"])
-    new_state = {"step": state["step"] + 1, "params": params, "router": router,
-                 "opt_state": opt_state}
+    new_state = {
+      "step": state["step"] + 1,
+      "params": params,
+      "router": router,
+      "opt_state": opt_state,
+    }
     return new_state, metrics
 
   return train_step

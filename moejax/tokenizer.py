@@ -16,147 +16,147 @@ _BPE_CACHE_VERSION = "bpe-v1"
 
 
 class Tokenizer(Protocol):
-    """What the data pipeline, trainer and evaluator need from a tokenizer."""
+  """What the data pipeline, trainer and evaluator need from a tokenizer."""
 
-    name: str
-    vocab_size: int
-    eos_id: int
+  name: str
+  vocab_size: int
+  eos_id: int
 
-    def encode(self, text: str) -> np.ndarray: ...
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
-    def decode(self, ids: Any) -> str: ...
-    def describe(self) -> dict: ...
+  def encode(self, text: str) -> np.ndarray: ...
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+  def decode(self, ids: Any) -> str: ...
+  def describe(self) -> dict: ...
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as ids 0..255, plus EOS = 256 as the document separator."""
+  """UTF-8 bytes as ids 0..255, plus EOS = 256 as the document separator."""
 
-    name = "byte"
-    vocab_size = 257
-    eos_id = 256
+  name = "byte"
+  vocab_size = 257
+  eos_id = 256
 
-    def encode(self, text: str) -> np.ndarray:
-        """UTF-8 bytes of `text` as int32 ids (no EOS appended)."""
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+  def encode(self, text: str) -> np.ndarray:
+    """UTF-8 bytes of `text` as int32 ids (no EOS appended)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`encode` for each text."""
-        return [self.encode(t) for t in texts]
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """`encode` for each text."""
+    return [self.encode(t) for t in texts]
 
-    def decode(self, ids: Any) -> str:
-        """Bytes back to text; EOS and out-of-range ids are dropped, bad UTF-8 is replaced."""
-        ids_N = np.asarray(ids, dtype=np.int64).reshape(-1)
-        ids_N = ids_N[(ids_N >= 0) & (ids_N < 256)]
-        return ids_N.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+  def decode(self, ids: Any) -> str:
+    """Bytes back to text; EOS and out-of-range ids are dropped, bad UTF-8 is replaced."""
+    ids_N = np.asarray(ids, dtype=np.int64).reshape(-1)
+    ids_N = ids_N[(ids_N >= 0) & (ids_N < 256)]
+    return ids_N.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
-    def describe(self) -> dict:
-        """JSON-able summary recorded in the run config."""
-        return {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+  def describe(self) -> dict:
+    """JSON-able summary recorded in the run config."""
+    return {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
 
 class BPETokenizer:
-    """ByteLevel BPE (HuggingFace `tokenizers`) with an EOS special token."""
+  """ByteLevel BPE (HuggingFace `tokenizers`) with an EOS special token."""
 
-    name = "bpe"
+  name = "bpe"
 
-    def __init__(self, hf_tokenizer: Any, path: str | None = None):
-        """Wrap a trained `tokenizers.Tokenizer`; `path` is its cache file, if any."""
-        self._tok = hf_tokenizer
-        self.path = path
-        eos = hf_tokenizer.token_to_id(EOS_TOKEN)
-        if eos is None:
-            where = path or "BPE tokenizer"
-            raise UserError(f"{where}: has no {EOS_TOKEN} token; delete it to retrain")
-        self.eos_id = int(eos)
-        self.vocab_size = int(hf_tokenizer.get_vocab_size())
+  def __init__(self, hf_tokenizer: Any, path: str | None = None):
+    """Wrap a trained `tokenizers.Tokenizer`; `path` is its cache file, if any."""
+    self._tok = hf_tokenizer
+    self.path = path
+    eos = hf_tokenizer.token_to_id(EOS_TOKEN)
+    if eos is None:
+      where = path or "BPE tokenizer"
+      raise UserError(f"{where}: has no {EOS_TOKEN} token; delete it to retrain")
+    self.eos_id = int(eos)
+    self.vocab_size = int(hf_tokenizer.get_vocab_size())
 
-    @classmethod
-    def train(cls, docs: Sequence[str], vocab_size: int) -> "BPETokenizer":
-        """Train a ByteLevel BPE of at most `vocab_size` tokens on `docs` (EOS is id 0)."""
-        from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+  @classmethod
+  def train(cls, docs: Sequence[str], vocab_size: int) -> "BPETokenizer":
+    """Train a ByteLevel BPE of at most `vocab_size` tokens on `docs` (EOS is id 0)."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-        tok = HFTokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=[EOS_TOKEN],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
-        return cls(tok)
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=[EOS_TOKEN],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False,
+    )
+    tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    return cls(tok)
 
-    @classmethod
-    def load(cls, path: str) -> "BPETokenizer":
-        """Load a tokenizer saved by `save`."""
-        from tokenizers import Tokenizer as HFTokenizer
+  @classmethod
+  def load(cls, path: str) -> "BPETokenizer":
+    """Load a tokenizer saved by `save`."""
+    from tokenizers import Tokenizer as HFTokenizer
 
-        try:
-            return cls(HFTokenizer.from_file(path), path)
-        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-            why = (str(e).splitlines() or [type(e).__name__])[0][:120]
-            msg = f"{path}: not a valid tokenizer file ({why}); delete it to retrain"
-            raise UserError(msg) from None
+    try:
+      return cls(HFTokenizer.from_file(path), path)
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+      why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+      msg = f"{path}: not a valid tokenizer file ({why}); delete it to retrain"
+      raise UserError(msg) from None
 
-    def save(self, path: str) -> None:
-        """Write atomically, so concurrent processes never read a half-written file."""
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        self._tok.save(tmp)
-        os.replace(tmp, path)
-        self.path = path
+  def save(self, path: str) -> None:
+    """Write atomically, so concurrent processes never read a half-written file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    self._tok.save(tmp)
+    os.replace(tmp, path)
+    self.path = path
 
-    def encode(self, text: str) -> np.ndarray:
-        """Token ids of `text` as int32 (no EOS appended)."""
-        return np.asarray(self._tok.encode(text).ids, dtype=np.int32)
+  def encode(self, text: str) -> np.ndarray:
+    """Token ids of `text` as int32 (no EOS appended)."""
+    return np.asarray(self._tok.encode(text).ids, dtype=np.int32)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """`encode` for each text, parallel inside `tokenizers`; skips offsets (~1.6x faster)."""
-        fast = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        return [np.asarray(e.ids, dtype=np.int32) for e in fast(list(texts))]
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """`encode` for each text, parallel inside `tokenizers`; skips offsets (~1.6x faster)."""
+    fast = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+    return [np.asarray(e.ids, dtype=np.int32) for e in fast(list(texts))]
 
-    def decode(self, ids: Any) -> str:
-        """Ids back to text; EOS is skipped, invalid UTF-8 is replaced."""
-        ids_N = [int(i) for i in np.asarray(ids).reshape(-1)]
-        return self._tok.decode(ids_N, skip_special_tokens=True)
+  def decode(self, ids: Any) -> str:
+    """Ids back to text; EOS is skipped, invalid UTF-8 is replaced."""
+    ids_N = [int(i) for i in np.asarray(ids).reshape(-1)]
+    return self._tok.decode(ids_N, skip_special_tokens=True)
 
-    def to_json(self) -> str:
-        """The full tokenizer as JSON (for identity checks)."""
-        return self._tok.to_str()
+  def to_json(self) -> str:
+    """The full tokenizer as JSON (for identity checks)."""
+    return self._tok.to_str()
 
-    def describe(self) -> dict:
-        """JSON-able summary recorded in the run config."""
-        d = {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
-        return {**d, "path": self.path}
+  def describe(self) -> dict:
+    """JSON-able summary recorded in the run config."""
+    d = {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+    return {**d, "path": self.path}
 
 
 def bpe_cache_key(corpus_sha: str, vocab_size: int, split: str = "") -> str:
-    """Hash naming the cached BPE: covers the corpus, the held-out split and the vocab size."""
-    text = f"{_BPE_CACHE_VERSION}|{corpus_sha}|{split}|{vocab_size}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+  """Hash naming the cached BPE: covers the corpus, the held-out split and the vocab size."""
+  text = f"{_BPE_CACHE_VERSION}|{corpus_sha}|{split}|{vocab_size}"
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def build_tokenizer(
-    data_cfg: Any, train_docs: Sequence[str], corpus_sha: str, workdir: str | None
+  data_cfg: Any, train_docs: Sequence[str], corpus_sha: str, workdir: str | None
 ) -> Tokenizer:
-    """Make `data.tokenizer`. A BPE trains on `train_docs` only and is cached in the workdir
-    as tokenizer/<hash>.json (hash of corpus sha, held-out split, vocab size)."""
-    kind = data_cfg.get("tokenizer", "byte")
-    if kind == "byte":
-        return ByteTokenizer()
-    if kind != "bpe":
-        raise UserError(f"data.tokenizer={kind!r}: allowed values are {', '.join(TOKENIZERS)}")
-    vocab_size = data_cfg.get("bpe_vocab_size", 1024)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
-        raise UserError(f"data.bpe_vocab_size={vocab_size!r}: must be an integer >= 257")
-    split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
-    if workdir is None:
-        return BPETokenizer.train(train_docs, vocab_size)
-    name = f"{bpe_cache_key(corpus_sha, vocab_size, split)}.json"
-    path = os.path.join(workdir, "tokenizer", name)
-    if os.path.exists(path):
-        return BPETokenizer.load(path)
-    tok = BPETokenizer.train(train_docs, vocab_size)
-    tok.save(path)
-    return tok
+  """Make `data.tokenizer`. A BPE trains on `train_docs` only and is cached in the workdir
+  as tokenizer/<hash>.json (hash of corpus sha, held-out split, vocab size)."""
+  kind = data_cfg.get("tokenizer", "byte")
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind != "bpe":
+    raise UserError(f"data.tokenizer={kind!r}: allowed values are {', '.join(TOKENIZERS)}")
+  vocab_size = data_cfg.get("bpe_vocab_size", 1024)
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
+    raise UserError(f"data.bpe_vocab_size={vocab_size!r}: must be an integer >= 257")
+  split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
+  if workdir is None:
+    return BPETokenizer.train(train_docs, vocab_size)
+  name = f"{bpe_cache_key(corpus_sha, vocab_size, split)}.json"
+  path = os.path.join(workdir, "tokenizer", name)
+  if os.path.exists(path):
+    return BPETokenizer.load(path)
+  tok = BPETokenizer.train(train_docs, vocab_size)
+  tok.save(path)
+  return tok

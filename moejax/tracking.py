@@ -20,8 +20,9 @@ def git_commit() -> str:
   """The source tree's git commit, or "unknown" outside a checkout."""
   here = os.path.dirname(os.path.abspath(__file__))
   try:
-    out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
-                         text=True, timeout=5)
+    out = subprocess.run(
+      ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+    )
   except (OSError, subprocess.SubprocessError):
     return "unknown"
   return out.stdout.strip() if out.returncode == 0 else "unknown"
@@ -32,6 +33,7 @@ def _wandb_mode(mode: str) -> str:
     return mode
   try:
     import wandb  # pylint: disable=import-outside-toplevel
+
     return "online" if wandb.api.api_key else "offline"
   except Exception:  # no key store, no network: offline is always safe
     return "offline"
@@ -45,20 +47,38 @@ def _jsonable(v: Any) -> Any:
 class Tracker:
   """Appends metric rows to metrics.jsonl and mirrors them to wandb."""
 
-  def __init__(self, workdir: str, config: dict, *, mode: str, project: str, entity: str = "",
-               name: str = "", tags: str = ""):
+  def __init__(
+    self,
+    workdir: str,
+    config: dict,
+    *,
+    mode: str,
+    project: str,
+    entity: str = "",
+    name: str = "",
+    tags: str = "",
+  ):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.run = None
     self.note = ""
     if jax.process_index() != 0 or mode == "disabled":
       return
     import wandb  # pylint: disable=import-outside-toplevel
+
     mode = _wandb_mode(mode)
     id_path = os.path.join(workdir, "wandb_run_id")
     run_id = open(id_path).read().strip() if os.path.exists(id_path) else wandb.util.generate_id()
-    self.run = wandb.init(project=project, entity=entity or None, name=name or None,
-                          tags=[t for t in tags.split(",") if t] or None, config=config,
-                          dir=workdir, id=run_id, resume="allow", mode=mode)
+    self.run = wandb.init(
+      project=project,
+      entity=entity or None,
+      name=name or None,
+      tags=[t for t in tags.split(",") if t] or None,
+      config=config,
+      dir=workdir,
+      id=run_id,
+      resume="allow",
+      mode=mode,
+    )
     with open(id_path, "w") as f:
       f.write(run_id)
     if mode == "offline":

@@ -23,12 +23,14 @@ def main() -> int:
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
   from moejax import trainer  # pylint: disable=import-outside-toplevel  (jax import is slow)
+
   try:
     trainer.train(_CONFIG.value, _WORKDIR.value)
   except trainer.Diverged as e:
     cli.fail(e, code=1)
   if _CONFIG.value.eval.after_train:
     from moejax import grid  # pylint: disable=import-outside-toplevel
+
     grid.run_grid(_WORKDIR.value)
     print(open(f"{_WORKDIR.value}/eval/k_grid.md").read())
     print(f"grid: {_WORKDIR.value}/eval/k_grid.{{jsonl,md,png}}")

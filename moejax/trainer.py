@@ -56,15 +56,21 @@ def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
   config_lib.validate(c)
   mesh = sharding.make_mesh(c.mesh)
   if c.data.batch_size % (sharding.data_shards(mesh) * c.train.grad_accum):
-    raise UserError(f"data.batch_size={c.data.batch_size} must divide by mesh data×fsdp "
-                    f"({sharding.data_shards(mesh)}) × train.grad_accum ({c.train.grad_accum})")
+    raise UserError(
+      f"data.batch_size={c.data.batch_size} must divide by mesh data×fsdp "
+      f"({sharding.data_shards(mesh)}) × train.grad_accum ({c.train.grad_accum})"
+    )
   data = make_data(c.data, seed=c.train.seed, workdir=workdir)
   mc = config_lib.model_config(c, data.tokenizer.vocab_size)
   model = Transformer(mc, rngs=nnx.Rngs(c.train.seed))
   graphdef, params, router = step_lib.split_model(model)
   tx, _ = optim.optimizer(c)
-  state = {"step": jnp.zeros((), jnp.int32), "params": params, "router": router,
-           "opt_state": tx.init(params)}
+  state = {
+    "step": jnp.zeros((), jnp.int32),
+    "params": params,
+    "router": router,
+    "opt_state": tx.init(params),
+  }
   state = jax.device_put(state, sharding.state_sharding(state, mesh))
   n_params, n_active = count_params(params, mc.moe)
   return Run(c, data, graphdef, state, mesh, n_params, n_active)
@@ -74,11 +80,16 @@ def resolved_config(run: Run) -> dict:
   """config.json: the full config plus what the run resolved (vocab, corpus, versions)."""
   out = run.config.to_dict()
   out["resolved"] = {
-      "vocab_size": run.data.tokenizer.vocab_size, "data": run.data.describe(),
-      "n_params": run.n_params, "n_active_params": run.n_active,
-      "python": sys.version.split()[0], "jax": jax.__version__,
-      "git_commit": tracking.git_commit(), "devices": jax.device_count(),
-      "backend": jax.default_backend()}
+    "vocab_size": run.data.tokenizer.vocab_size,
+    "data": run.data.describe(),
+    "n_params": run.n_params,
+    "n_active_params": run.n_active,
+    "python": sys.version.split()[0],
+    "jax": jax.__version__,
+    "git_commit": tracking.git_commit(),
+    "devices": jax.device_count(),
+    "backend": jax.default_backend(),
+  }
   return out
 
 
@@ -94,9 +105,11 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   for section in FROZEN_SECTIONS:
     for key, value in c[section].to_dict().items():
       if saved.get(section, {}).get(key, value) != value:
-        raise UserError(f"{section}.{key}={value!r} differs from {path} "
-                        f"({saved[section][key]!r}); resume with the same value or use a new "
-                        f"--workdir")
+        raise UserError(
+          f"{section}.{key}={value!r} differs from {path} "
+          f"({saved[section][key]!r}); resume with the same value or use a new "
+          f"--workdir"
+        )
 
 
 def truncate_metrics(workdir: str, step: int) -> None:
@@ -137,20 +150,35 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
 
   tx, schedule = optim.optimizer(c)
   lc = step_lib.LossConfig(
-      balance_weight=c.loss.balance_weight, balance_granularity=c.loss.balance_granularity,
-      z_loss_weight=c.loss.z_loss_weight, bias_update_rate=c.loss.bias_update_rate,
-      n_shards=sharding.data_shards(run.mesh), grad_accum=c.train.grad_accum)
+    balance_weight=c.loss.balance_weight,
+    balance_granularity=c.loss.balance_granularity,
+    z_loss_weight=c.loss.z_loss_weight,
+    bias_update_rate=c.loss.bias_update_rate,
+    n_shards=sharding.data_shards(run.mesh),
+    grad_accum=c.train.grad_accum,
+  )
   state_shardings = sharding.state_sharding(state, run.mesh)
-  train_step = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule),
-                       donate_argnums=0, out_shardings=(state_shardings, None))
+  train_step = jax.jit(
+    step_lib.make_train_step(run.graphdef, tx, lc, schedule),
+    donate_argnums=0,
+    out_shardings=(state_shardings, None),
+  )
   eval_step = jax.jit(step_lib.make_eval_step(run.graphdef))
   eval_batches = run.data.eval_batches(c.train.eval_sequences, c.eval.batch_size)
-  tracker = tracking.Tracker(workdir, resolved_config(run), mode=c.wandb.mode,
-                             project=c.wandb.project, entity=c.wandb.entity,
-                             name=c.wandb.name, tags=c.wandb.tags)
-  log(f"model: {run.n_params:,} params, {run.n_active:,} active per token; "
-      f"data: {run.data.corpus.name}, {run.data.train_tokens:,} train tokens; "
-      f"unigram baseline {run.data.unigram_entropy:.3f} nats/token")
+  tracker = tracking.Tracker(
+    workdir,
+    resolved_config(run),
+    mode=c.wandb.mode,
+    project=c.wandb.project,
+    entity=c.wandb.entity,
+    name=c.wandb.name,
+    tags=c.wandb.tags,
+  )
+  log(
+    f"model: {run.n_params:,} params, {run.n_active:,} active per token; "
+    f"data: {run.data.corpus.name}, {run.data.train_tokens:,} train tokens; "
+    f"unigram baseline {run.data.unigram_entropy:.3f} nats/token"
+  )
   if tracker.note:
     log(tracker.note)
 
@@ -169,8 +197,10 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
       row = {k: float(v) for k, v in jax.device_get(metrics).items()}
       if not np.isfinite(row["loss"]):
-        raise Diverged(f"loss is {row['loss']} at step {done}; stopped. The last good "
-                       f"checkpoint is {workdir}/checkpoints/{last_saved}")
+        raise Diverged(
+          f"loss is {row['loss']} at step {done}; stopped. The last good "
+          f"checkpoint is {workdir}/checkpoints/{last_saved}"
+        )
       now = time.time()
       row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
       t_last, step_last = now, done
@@ -185,16 +215,30 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     bar.update(1)
   bar.close()
   tracker.finish()
-  summary = {"workdir": workdir, "steps": c.train.steps, "eval_loss": eval_loss,
-             "unigram_entropy": run.data.unigram_entropy, "seconds": time.time() - t0}
+  summary = {
+    "workdir": workdir,
+    "steps": c.train.steps,
+    "eval_loss": eval_loss,
+    "unigram_entropy": run.data.unigram_entropy,
+    "seconds": time.time() - t0,
+  }
   if eval_loss is not None:
-    log(f"held-out loss {eval_loss:.3f} nats/token vs unigram baseline "
-        f"{run.data.unigram_entropy:.3f} ({time.time() - t0:.0f} s)")
+    log(
+      f"held-out loss {eval_loss:.3f} nats/token vs unigram baseline "
+      f"{run.data.unigram_entropy:.3f} ({time.time() - t0:.0f} s)"
+    )
   log(f"outputs: {workdir}/config.json, {workdir}/metrics.jsonl, {workdir}/checkpoints/")
   return summary
 
 
 def _progress(start: int, total: int, enabled: bool):
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  return tqdm(total=total, initial=start, disable=not enabled, dynamic_ncols=True,
-              desc="train", file=sys.stderr)
+
+  return tqdm(
+    total=total,
+    initial=start,
+    disable=not enabled,
+    dynamic_ncols=True,
+    desc="train",
+    file=sys.stderr,
+  )

@@ -27,17 +27,17 @@ VOCAB_SIZE = 257  # the byte tokenizer's vocabulary
 
 # Preset file name -> the merge rule it must select (DESIGN.md §2).
 PRESET_RULES = {
-    "switch": "switch",
-    "gshard": "gshard",
-    "mixtral": "mixtral",
-    "deepseekmoe": "deepseek_v2_lite",
-    "deepseek_v3": "deepseek_v3",
-    "qwen2_moe": "qwen2_moe",
-    "qwen3_moe": "qwen3_moe",
-    "qwen3_5_moe": "qwen3_5_moe",
-    "dbrx": "dbrx",
-    "olmoe": "olmoe",
-    "olmo": "olmo",
+  "switch": "switch",
+  "gshard": "gshard",
+  "mixtral": "mixtral",
+  "deepseekmoe": "deepseek_v2_lite",
+  "deepseek_v3": "deepseek_v3",
+  "qwen2_moe": "qwen2_moe",
+  "qwen3_moe": "qwen3_moe",
+  "qwen3_5_moe": "qwen3_5_moe",
+  "dbrx": "dbrx",
+  "olmoe": "olmoe",
+  "olmo": "olmo",
 }
 PRESETS = sorted(PRESET_RULES)
 CAPACITY_PRESETS = {"switch", "gshard"}
@@ -66,8 +66,9 @@ def key_paths(d, prefix: str = "") -> set[str]:
   return out
 
 
-def shrink_for_test(cfg: ml_collections.ConfigDict, batch_size: int = 2,
-                    seq_len: int = 16) -> ml_collections.ConfigDict:
+def shrink_for_test(
+  cfg: ml_collections.ConfigDict, batch_size: int = 2, seq_len: int = 16
+) -> ml_collections.ConfigDict:
   """A copy with a tiny batch; a capacity `group_size` is cut to divide the batch's tokens."""
   cfg = ml_collections.ConfigDict(cfg.to_dict())
   cfg.data.batch_size, cfg.data.seq_len = batch_size, seq_len
@@ -77,8 +78,7 @@ def shrink_for_test(cfg: ml_collections.ConfigDict, batch_size: int = 2,
   return cfg
 
 
-def build_model(cfg: ml_collections.ConfigDict, seed: int = 0
-                ) -> tuple[ModelConfig, Transformer]:
+def build_model(cfg: ml_collections.ConfigDict, seed: int = 0) -> tuple[ModelConfig, Transformer]:
   mc = config_lib.model_config(cfg, vocab_size=VOCAB_SIZE)
   return mc, Transformer(mc, rngs=nnx.Rngs(seed))
 
@@ -126,8 +126,7 @@ def test_preset_keys_rule_and_validate(name, base_keys):
   cfg = load_preset(name)
   assert isinstance(cfg, ml_collections.ConfigDict)
   keys = key_paths(cfg)
-  assert keys == base_keys, (f"missing {sorted(base_keys - keys)}, "
-                             f"extra {sorted(keys - base_keys)}")
+  assert keys == base_keys, f"missing {sorted(base_keys - keys)}, extra {sorted(keys - base_keys)}"
   config_lib.validate(cfg)
   m = cfg.model.moe
   assert m.rule == PRESET_RULES[name]
@@ -166,8 +165,9 @@ def test_preset_forward_and_grads(name):
   mc, model = build_model(cfg)
   graphdef, params, rest = split_model(model)
   tokens = tiny_tokens(cfg)
-  loss, grads, logits, auxes = lm_loss_and_grads(graphdef, params, rest, tokens,
-                                                 jax.random.key(1), train=True)
+  loss, grads, logits, auxes = lm_loss_and_grads(
+    graphdef, params, rest, tokens, jax.random.key(1), train=True
+  )
   B, L = cfg.data.batch_size, cfg.data.seq_len
   assert logits.shape == (B, L, VOCAB_SIZE)
   n_moe = sum(is_moe_layer(mc, i) for i in range(mc.n_layers))

@@ -86,8 +86,9 @@ def test_dropless_gradients_per_expert(impl, block):
   E, K = 8, 2
   x, experts, weights, W = make_case(40, E, K, seed=3, skew=True)
   g = np.random.default_rng(9).normal(size=x.shape).astype(np.float32)
-  loss = lambda x, W: jnp.sum(g * dsp.dropless(x, experts, weights, dsp.ExpertWeights(*W),
-                                               impl=impl, block=block))
+  loss = lambda x, W: jnp.sum(
+    g * dsp.dropless(x, experts, weights, dsp.ExpertWeights(*W), impl=impl, block=block)
+  )
   dx, dW = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, W)
   ref_dx, ref_dW = _naive_grads(x, experts, weights, W, g)
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
@@ -131,12 +132,20 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
   x, experts, weights, W = make_case(T, E, K, seed=5, skew=True)
   scores = np.random.default_rng(2).uniform(size=(T, K)).astype(np.float32)
   pri = ref_position_priority(T, K, group_size) if policy == "position" else scores
-  np.testing.assert_array_equal(dsp.position_priority(T, K, group_size),
-                                ref_position_priority(T, K, group_size))
+  np.testing.assert_array_equal(
+    dsp.position_priority(T, K, group_size), ref_position_priority(T, K, group_size)
+  )
   cap = dsp.capacity(1.0, K, group_size, E, min_capacity=2)
   assert cap == max(2, int(np.ceil(1.0 * K * group_size / E)))
-  y, kept = dsp.capacity_dispatch(x, experts, weights, dsp.ExpertWeights(*W), cap=cap,
-                                  group_size=group_size, priority_TxK=jnp.asarray(pri))
+  y, kept = dsp.capacity_dispatch(
+    x,
+    experts,
+    weights,
+    dsp.ExpertWeights(*W),
+    cap=cap,
+    group_size=group_size,
+    priority_TxK=jnp.asarray(pri),
+  )
   want = ref_capacity_keep(experts, pri, E, cap, group_size)
   assert 0 < want.sum() < want.size  # the case really drops something
   np.testing.assert_array_equal(np.asarray(kept), want)
@@ -148,8 +157,15 @@ def test_score_priority_keeps_highest_scores():
   x, _, weights, W = make_case(T, E, K)
   experts = np.zeros((T, K), np.int32)  # everyone wants expert 0
   scores = np.random.default_rng(4).uniform(size=(T, K)).astype(np.float32)
-  _, kept = dsp.capacity_dispatch(x, experts, weights, dsp.ExpertWeights(*W), cap=4,
-                                  group_size=T, priority_TxK=jnp.asarray(scores))
+  _, kept = dsp.capacity_dispatch(
+    x,
+    experts,
+    weights,
+    dsp.ExpertWeights(*W),
+    cap=4,
+    group_size=T,
+    priority_TxK=jnp.asarray(scores),
+  )
   top4 = np.argsort(-scores[:, 0])[:4]
   assert set(np.flatnonzero(np.asarray(kept)[:, 0])) == set(top4)
 
@@ -158,9 +174,15 @@ def test_large_capacity_equals_dropless():
   T, E, K = 48, 8, 2
   x, experts, weights, W = make_case(T, E, K, seed=1, skew=True)
   cap = dsp.capacity(100.0, K, T, E, 4)
-  y_cap, kept = dsp.capacity_dispatch(x, experts, weights, dsp.ExpertWeights(*W), cap=cap,
-                                      group_size=T,
-                                      priority_TxK=dsp.position_priority(T, K, T))
+  y_cap, kept = dsp.capacity_dispatch(
+    x,
+    experts,
+    weights,
+    dsp.ExpertWeights(*W),
+    cap=cap,
+    group_size=T,
+    priority_TxK=dsp.position_priority(T, K, T),
+  )
   assert bool(kept.all())
   y_dl = _dropless_fn("blocked", 4)(x, experts, weights, W)
   np.testing.assert_allclose(y_cap, y_dl, atol=1e-6, rtol=1e-6)
@@ -197,22 +219,44 @@ def test_take_rows_vjp_is_the_gather_transpose():
   np.testing.assert_allclose(take_rows(x, src, dst)[2], 0.0)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(mode="foo"), "dispatch"), (dict(drop_policy="x"), "drop_policy"),
-    (dict(second_expert="x"), "second_expert"), (dict(impl="x"), "impl"),
+@pytest.mark.parametrize(
+  "kwargs,field",
+  [
+    (dict(mode="foo"), "dispatch"),
+    (dict(drop_policy="x"), "drop_policy"),
+    (dict(second_expert="x"), "second_expert"),
+    (dict(impl="x"), "impl"),
     (dict(capacity_factor=0.0), "capacity_factor"),
     (dict(eval_capacity_factor=-1.0), "eval_capacity_factor"),
-    (dict(min_capacity=-1), "min_capacity"), (dict(group_size=0), "group_size"),
-    (dict(group_size=5, n_tokens=12), "group_size")])
+    (dict(min_capacity=-1), "min_capacity"),
+    (dict(group_size=0), "group_size"),
+    (dict(group_size=5, n_tokens=12), "group_size"),
+  ],
+)
 def test_dispatch_validation_names_the_field(kwargs, field):
-  args = dict(mode="dropless", drop_policy="position", second_expert="all", impl="auto",
-              capacity_factor=1.0, eval_capacity_factor=2.0, min_capacity=4, group_size=None)
+  args = dict(
+    mode="dropless",
+    drop_policy="position",
+    second_expert="all",
+    impl="auto",
+    capacity_factor=1.0,
+    eval_capacity_factor=2.0,
+    min_capacity=4,
+    group_size=None,
+  )
   args.update(kwargs)
   with pytest.raises(UserError, match=field):
-    dsp.validate_dispatch(args.pop("mode"), args.pop("drop_policy"), args.pop("second_expert"),
-                          args.pop("impl"), args.pop("capacity_factor"),
-                          args.pop("eval_capacity_factor"), args.pop("min_capacity"),
-                          args.pop("group_size"), args.pop("n_tokens", None))
+    dsp.validate_dispatch(
+      args.pop("mode"),
+      args.pop("drop_policy"),
+      args.pop("second_expert"),
+      args.pop("impl"),
+      args.pop("capacity_factor"),
+      args.pop("eval_capacity_factor"),
+      args.pop("min_capacity"),
+      args.pop("group_size"),
+      args.pop("n_tokens", None),
+    )
 
 
 def test_auto_impl_on_cpu_is_blocked():

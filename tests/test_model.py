@@ -27,7 +27,7 @@ def np_rope(x_BxLxHxK: np.ndarray, positions_BxL: np.ndarray, theta: float) -> n
       ang = positions_BxL[b, l] * inv_freq
       cos, sin = np.concatenate([np.cos(ang)] * 2), np.concatenate([np.sin(ang)] * 2)
       x = x_BxLxHxK[b, l].astype(np.float64)
-      rot = np.concatenate([-x[:, K // 2:], x[:, :K // 2]], axis=-1)
+      rot = np.concatenate([-x[:, K // 2 :], x[:, : K // 2]], axis=-1)
       out[b, l] = x * cos + rot * sin
   return out
 
@@ -64,8 +64,10 @@ def np_attention(attn: Attention, x: np.ndarray, theta: float, eps: float) -> np
   """Reference GQA: project, QK-norm, RoPE, repeat kv heads, causal softmax, project."""
   B, L, _ = x.shape
   H, G, K = attn.n_heads, attn.n_kv_heads, attn.head_dim
-  w = {n: np.asarray(getattr(attn, n).kernel[...], np.float64)
-       for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+  w = {
+    n: np.asarray(getattr(attn, n).kernel[...], np.float64)
+    for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+  }
   q = (x @ w["q_proj"]).reshape(B, L, H, K)
   k = (x @ w["k_proj"]).reshape(B, L, G, K)
   v = (x @ w["v_proj"]).reshape(B, L, G, K)
@@ -87,8 +89,7 @@ def np_attention(attn: Attention, x: np.ndarray, theta: float, eps: float) -> np
 
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_attention_matches_numpy(qk_norm: bool):
-  attn = Attention(12, 4, 2, 6, qk_norm=qk_norm, rope_theta=100.0, init_std=0.3,
-                   rngs=nnx.Rngs(0))
+  attn = Attention(12, 4, 2, 6, qk_norm=qk_norm, rope_theta=100.0, init_std=0.3, rngs=nnx.Rngs(0))
   if qk_norm:  # non-trivial norm scales so the test sees them
     attn.q_norm.scale[...] = jnp.linspace(0.5, 1.5, 6)
     attn.k_norm.scale[...] = jnp.linspace(1.5, 0.5, 6)
@@ -96,8 +97,9 @@ def test_attention_matches_numpy(qk_norm: bool):
   pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
   got = attn(jnp.asarray(x), pos)
   assert got.shape == (2, 7, 12) and got.dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(got), np_attention(attn, x, 100.0, 1e-6),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(got), np_attention(attn, x, 100.0, 1e-6), rtol=1e-4, atol=1e-5
+  )
 
 
 def test_rmsnorm_and_ffn():
@@ -105,8 +107,9 @@ def test_rmsnorm_and_ffn():
   norm = RMSNorm(8, eps=1e-6, rngs=nnx.Rngs(0))
   y = norm(x)
   assert y.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(y, np.float32),
-                             np_rms(np.asarray(x, np.float32), 1.0, 1e-6), rtol=1e-2)
+  np.testing.assert_allclose(
+    np.asarray(y, np.float32), np_rms(np.asarray(x, np.float32), 1.0, 1e-6), rtol=1e-2
+  )
   ffn = DenseFFN(8, 12, dtype="bfloat16", rngs=nnx.Rngs(0))
   assert ffn.w_gate[...].dtype == jnp.float32 and ffn.w_down[...].shape == (12, 8)
   assert ffn(x).dtype == jnp.bfloat16
@@ -136,12 +139,19 @@ def test_param_tree(tie: bool):
   expected = {"embed.embedding": (32, 16), "final_norm.scale": (16,)}
   for i in range(2):
     p = f"layers.{i}."
-    expected |= {p + "attn_norm.scale": (16,), p + "mlp_norm.scale": (16,),
-                 p + "attn.q_proj.kernel": (16, 32), p + "attn.k_proj.kernel": (16, 16),
-                 p + "attn.v_proj.kernel": (16, 16), p + "attn.o_proj.kernel": (32, 16),
-                 p + "attn.q_norm.scale": (8,), p + "attn.k_norm.scale": (8,),
-                 p + "mlp.w_gate": (16, 24), p + "mlp.w_up": (16, 24),
-                 p + "mlp.w_down": (24, 16)}
+    expected |= {
+      p + "attn_norm.scale": (16,),
+      p + "mlp_norm.scale": (16,),
+      p + "attn.q_proj.kernel": (16, 32),
+      p + "attn.k_proj.kernel": (16, 16),
+      p + "attn.v_proj.kernel": (16, 16),
+      p + "attn.o_proj.kernel": (32, 16),
+      p + "attn.q_norm.scale": (8,),
+      p + "attn.k_norm.scale": (8,),
+      p + "mlp.w_gate": (16, 24),
+      p + "mlp.w_up": (16, 24),
+      p + "mlp.w_down": (24, 16),
+    }
   if not tie:
     expected["lm_head.kernel"] = (16, 32)
   assert shapes == expected
@@ -157,8 +167,10 @@ def test_init_std():
 
 def test_moe_placement():
   moe = MoEConfig(d_model=16, n_experts=4, top_k=2, d_expert=8)
-  place = lambda **kw: [is_moe_layer(ModelConfig(**(TINY | kw), moe=moe), i)  # noqa: E731
-                        for i in range(kw.get("n_layers", 2))]
+  place = lambda **kw: [
+    is_moe_layer(ModelConfig(**(TINY | kw), moe=moe), i)  # noqa: E731
+    for i in range(kw.get("n_layers", 2))
+  ]
   assert place(n_layers=4) == [True] * 4
   assert place(n_layers=4, moe_every=2) == [True, False, True, False]
   assert place(n_layers=4, moe_every=2, first_dense=1) == [False, True, False, True]
@@ -167,12 +179,19 @@ def test_moe_placement():
   assert not any(is_moe_layer(ModelConfig(**TINY), i) for i in range(2))
 
 
-@pytest.mark.parametrize("bad, field", [
-    (dict(n_heads=3), "model.n_heads"), (dict(n_kv_heads=3), "model.n_kv_heads"),
-    (dict(moe_every=-1), "model.moe_every"), (dict(first_dense=3), "model.first_dense"),
-    (dict(first_dense=-1), "model.first_dense"), (dict(dtype="float16"), "model.dtype"),
-    (dict(head_dim=5), "model.head_dim"), (dict(d_ff=0), "model.d_ff"),
-])
+@pytest.mark.parametrize(
+  "bad, field",
+  [
+    (dict(n_heads=3), "model.n_heads"),
+    (dict(n_kv_heads=3), "model.n_kv_heads"),
+    (dict(moe_every=-1), "model.moe_every"),
+    (dict(first_dense=3), "model.first_dense"),
+    (dict(first_dense=-1), "model.first_dense"),
+    (dict(dtype="float16"), "model.dtype"),
+    (dict(head_dim=5), "model.head_dim"),
+    (dict(d_ff=0), "model.d_ff"),
+  ],
+)
 def test_config_validation(bad: dict, field: str):
   with pytest.raises(UserError, match=field):
     ModelConfig(**(TINY | bad))
@@ -192,8 +211,11 @@ def test_bfloat16_close_to_float32():
     logits[dtype], _ = jit_round_trip(model, tokens)
     assert logits[dtype].dtype == jnp.float32
     assert model.embed.embedding[...].dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(logits["bfloat16"]), np.asarray(logits["float32"]),
-                             atol=0.05 * float(jnp.max(jnp.abs(logits["float32"]))))
+  np.testing.assert_allclose(
+    np.asarray(logits["bfloat16"]),
+    np.asarray(logits["float32"]),
+    atol=0.05 * float(jnp.max(jnp.abs(logits["float32"]))),
+  )
 
 
 def jit_round_trip(model: nnx.Module, tokens: jax.Array, **kw):
@@ -270,4 +292,3 @@ def test_moe_jit_round_trip_and_bf16():
   bf16 = Transformer(moe_config(dtype="bfloat16"), rngs=nnx.Rngs(0))
   logits, _ = jit_round_trip(bf16, tokens)
   assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
-

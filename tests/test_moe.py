@@ -19,16 +19,24 @@ D, F, E, K, T, FS = 16, 8, 8, 2, 12, 8  # d_model, d_expert, experts, top_k, tok
 
 # DESIGN.md §2 rows for the rules tested here: (score, norm, alpha(K), shared).
 CONVENTIONS = {
-    "mixtral": ("softmax", "sum", lambda K: 1.0, "none"),
-    "olmoe": ("softmax", "none", lambda K: 1.0, "none"),
-    "qwen2_moe": ("softmax", "none", lambda K: 1.0, "sigmoid"),
-    "olmo": ("softmax", "sum", lambda K: float(K), "unit"),
-    "kplus1": ("softmax", "none", lambda K: K / (K + 1.0), "kplus1"),
-    "megatron": ("softmax", "sum", lambda K: 1.0, "unit"),
+  "mixtral": ("softmax", "sum", lambda K: 1.0, "none"),
+  "olmoe": ("softmax", "none", lambda K: 1.0, "none"),
+  "qwen2_moe": ("softmax", "none", lambda K: 1.0, "sigmoid"),
+  "olmo": ("softmax", "sum", lambda K: float(K), "unit"),
+  "kplus1": ("softmax", "none", lambda K: K / (K + 1.0), "kplus1"),
+  "megatron": ("softmax", "sum", lambda K: 1.0, "unit"),
 }
 
-AUX_KEYS = {"aux_loss", "z_loss", "drop_fraction", "load_max_over_mean", "routed_mass",
-            "shared_coef", "routed_out_rms", "router_entropy"}
+AUX_KEYS = {
+  "aux_loss",
+  "z_loss",
+  "drop_fraction",
+  "load_max_over_mean",
+  "routed_mass",
+  "shared_coef",
+  "routed_out_rms",
+  "router_entropy",
+}
 
 
 def _np(v) -> np.ndarray:
@@ -37,8 +45,7 @@ def _np(v) -> np.ndarray:
 
 def make_block(rule: str, d_shared: int = FS, seed: int = 0, **kw) -> MoEBlock:
   """A block whose parameters are reset to O(1) values so that outputs are not ~0."""
-  cfg = MoEConfig(d_model=D, n_experts=E, top_k=K, d_expert=F, d_shared=d_shared, rule=rule,
-                  **kw)
+  cfg = MoEConfig(d_model=D, n_experts=E, top_k=K, d_expert=F, d_shared=d_shared, rule=rule, **kw)
   block = MoEBlock(cfg, rngs=nnx.Rngs(seed))
   rng = np.random.default_rng(seed + 1)
 
@@ -64,8 +71,9 @@ def _swiglu(x, wg, wu, wd):
   return ((h / (1.0 + np.exp(-h))) * (x @ wu)) @ wd
 
 
-def ref_block(block: MoEBlock, rule: str, x: np.ndarray, *, k: int | None = None,
-              k2: int | None = None):
+def ref_block(
+  block: MoEBlock, rule: str, x: np.ndarray, *, k: int | None = None, k2: int | None = None
+):
   """y, per-token r (dict expert -> r_i), c and diagnostics, in float64, token by token."""
   score, norm, alpha_fn, shared = CONVENTIONS[rule]
   Kt = K  # trained top-k
@@ -81,7 +89,7 @@ def ref_block(block: MoEBlock, rule: str, x: np.ndarray, *, k: int | None = None
     z = x2[t] @ Wr
     m = z.max()
     lse = m + np.log(np.exp(z - m).sum())
-    zsq.append(lse ** 2)
+    zsq.append(lse**2)
     s = np.exp(z - lse) if score == "softmax" else 1.0 / (1.0 + np.exp(-z))
     order = np.argsort(-s, kind="stable")
     sel = order[:k]
@@ -107,18 +115,20 @@ def ref_block(block: MoEBlock, rule: str, x: np.ndarray, *, k: int | None = None
     coefs.append(c)
     y[t] = routed[t]
     if has_shared and c != 0.0:
-      y[t] += c * _swiglu(x2[t], *(_np(getattr(block.shared, n)) for n in ("w_gate", "w_up", "w_down")))
+      y[t] += c * _swiglu(
+        x2[t], *(_np(getattr(block.shared, n)) for n in ("w_gate", "w_up", "w_down"))
+      )
   n = x2.shape[0]
   f = loads / loads.sum()
   aux = {
-      "aux_loss": E * np.sum(f * probs / n),
-      "z_loss": np.mean(zsq),
-      "drop_fraction": 0.0,
-      "load_max_over_mean": loads.max() / loads.mean(),
-      "routed_mass": np.mean(mass),
-      "shared_coef": np.mean(coefs),
-      "routed_out_rms": np.sqrt(np.mean(routed ** 2)),
-      "router_entropy": np.mean(ent),
+    "aux_loss": E * np.sum(f * probs / n),
+    "z_loss": np.mean(zsq),
+    "drop_fraction": 0.0,
+    "load_max_over_mean": loads.max() / loads.mean(),
+    "routed_mass": np.mean(mass),
+    "shared_coef": np.mean(coefs),
+    "routed_out_rms": np.sqrt(np.mean(routed**2)),
+    "router_entropy": np.mean(ent),
   }
   return y.reshape(x.shape), aux
 
@@ -130,21 +140,31 @@ def _flat(state) -> dict[str, object]:
   return {".".join(str(p) for p in path): v for path, v in nnx.to_flat_state(state)}
 
 
-@pytest.mark.parametrize("rule,d_shared", [("qwen2_moe", FS), ("qwen2_moe", 0), ("megatron", FS),
-                                            ("kplus1", FS), ("olmo", FS), ("mixtral", 0)])
+@pytest.mark.parametrize(
+  "rule,d_shared",
+  [
+    ("qwen2_moe", FS),
+    ("qwen2_moe", 0),
+    ("megatron", FS),
+    ("kplus1", FS),
+    ("olmo", FS),
+    ("mixtral", 0),
+  ],
+)
 def test_param_tree_names_and_shapes(rule, d_shared):
   cfg = MoEConfig(d_model=D, n_experts=E, top_k=K, d_expert=F, d_shared=d_shared, rule=rule)
   block = MoEBlock(cfg, rngs=nnx.Rngs(0))
   want = {
-      "router.kernel": (D, E),
-      "router.bias": (E,),
-      "experts.w_gate": (E, D, F),
-      "experts.w_up": (E, D, F),
-      "experts.w_down": (E, F, D),
+    "router.kernel": (D, E),
+    "router.bias": (E,),
+    "experts.w_gate": (E, D, F),
+    "experts.w_up": (E, D, F),
+    "experts.w_down": (E, F, D),
   }
   if d_shared > 0:
-    want.update({"shared.w_gate": (D, d_shared), "shared.w_up": (D, d_shared),
-                 "shared.w_down": (d_shared, D)})
+    want.update(
+      {"shared.w_gate": (D, d_shared), "shared.w_up": (D, d_shared), "shared.w_down": (d_shared, D)}
+    )
     if rule == "qwen2_moe":  # the only rule here whose shared is "sigmoid"
       want["shared_gate.kernel"] = (D, 1)
   flat = _flat(nnx.state(block))
@@ -185,10 +205,12 @@ def test_block_k_and_k2_overrides(rule):
     y, aux = block(jnp.asarray(x), **kw)
     y_ref, aux_ref = ref_block(block, rule, x, **kw)
     np.testing.assert_allclose(np.asarray(y), y_ref, rtol=1e-5, atol=1e-5, err_msg=str(kw))
-    np.testing.assert_allclose(float(aux["routed_mass"]), aux_ref["routed_mass"], rtol=1e-5,
-                               err_msg=str(kw))
-    np.testing.assert_allclose(float(aux["shared_coef"]), aux_ref["shared_coef"], rtol=1e-5,
-                               atol=1e-7, err_msg=str(kw))
+    np.testing.assert_allclose(
+      float(aux["routed_mass"]), aux_ref["routed_mass"], rtol=1e-5, err_msg=str(kw)
+    )
+    np.testing.assert_allclose(
+      float(aux["shared_coef"]), aux_ref["shared_coef"], rtol=1e-5, atol=1e-7, err_msg=str(kw)
+    )
   # Spot values independent of the parameters: trained K = 2 drives the constants.
   _, aux = block(jnp.asarray(x), k=1)
   want_mass_k1 = {"mixtral": 1.0, "olmo": 2.0}
@@ -222,7 +244,7 @@ def test_aux_keys_dtypes_and_z_loss():
   logits = x.reshape(-1, D).astype(np.float64) @ _np(block.router.kernel)
   m = logits.max(-1, keepdims=True)
   lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
-  np.testing.assert_allclose(float(aux["z_loss"]), np.mean(lse ** 2), rtol=1e-5)
+  np.testing.assert_allclose(float(aux["z_loss"]), np.mean(lse**2), rtol=1e-5)
   assert float(aux["drop_fraction"]) == 0.0
   # The block under jit (nnx.split / merge) gives the same aux.
   graphdef, state = nnx.split(block)
@@ -235,8 +257,9 @@ def test_aux_keys_dtypes_and_z_loss():
   y_e, aux_e = block(jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(y_j), np.asarray(y_e), rtol=1e-5, atol=1e-6)
   for key in AUX_KEYS:
-    np.testing.assert_allclose(float(aux_j[key]), float(aux_e[key]), rtol=1e-5, atol=1e-7,
-                               err_msg=key)
+    np.testing.assert_allclose(
+      float(aux_j[key]), float(aux_e[key]), rtol=1e-5, atol=1e-7, err_msg=key
+    )
 
 
 def test_router_runs_in_float32_with_bfloat16_compute():
@@ -253,17 +276,21 @@ def test_router_runs_in_float32_with_bfloat16_compute():
     lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
     s = np.exp(logits - lse[:, None])
     # bfloat16 router logits (8 mantissa bits) would miss these by ~1e-2 relative.
-    np.testing.assert_allclose(float(aux["z_loss"]), np.mean(lse ** 2), rtol=2e-6)
-    np.testing.assert_allclose(float(aux["routed_mass"]),
-                               np.sort(s, -1)[:, -K:].sum(-1).mean(), rtol=2e-6)
-    np.testing.assert_allclose(float(aux["router_entropy"]),
-                               -(s * np.log(s)).sum(-1).mean(), rtol=2e-6)
+    np.testing.assert_allclose(float(aux["z_loss"]), np.mean(lse**2), rtol=2e-6)
+    np.testing.assert_allclose(
+      float(aux["routed_mass"]), np.sort(s, -1)[:, -K:].sum(-1).mean(), rtol=2e-6
+    )
+    np.testing.assert_allclose(
+      float(aux["router_entropy"]), -(s * np.log(s)).sum(-1).mean(), rtol=2e-6
+    )
 
 
 # --------------------------------------------------------------------------- config errors
 
 
-@pytest.mark.parametrize("kw,field", [
+@pytest.mark.parametrize(
+  "kw,field",
+  [
     (dict(rule="no_such_rule"), r"\brule\b"),
     (dict(dispatch="foo"), r"\bdispatch\b"),
     (dict(capacity_factor=0.0), r"\bcapacity_factor\b"),
@@ -273,7 +300,8 @@ def test_router_runs_in_float32_with_bfloat16_compute():
     (dict(second_expert="sometimes"), r"\bsecond_expert\b"),
     (dict(drop_policy="random"), r"\bdrop_policy\b"),
     (dict(impl="cuda"), r"\bimpl\b"),
-])
+  ],
+)
 def test_bad_config_raises_naming_field(kw, field):
   base = dict(d_model=D, n_experts=E, top_k=K, d_expert=F)
   with pytest.raises(ValueError, match=field):

@@ -22,23 +22,30 @@ from moejax.routing import RULES, MergeRule, get_rule, jitter, route, shared_coe
 # (lp=1.0, selection_bias=False, n_groups=topk_groups=1).
 _DEFAULTS = dict(lp=1.0, selection_bias=False, n_groups=1, topk_groups=1, group_score=None)
 TABLE = {
-    "mixtral": dict(score="softmax", norm="sum", scale=1.0, shared="none"),
-    "qwen3_moe": dict(score="softmax", norm="sum", scale=1.0, shared="none"),
-    "olmoe": dict(score="softmax", norm="none", scale=1.0, shared="none"),
-    "qwen2_moe": dict(score="softmax", norm="none", scale=1.0, shared="sigmoid"),
-    "qwen3_5_moe": dict(score="softmax", norm="sum", scale=1.0, shared="sigmoid"),
-    "megatron": dict(score="softmax", norm="sum", scale=1.0, shared="unit"),
-    "olmo": dict(score="softmax", norm="sum", scale="k", shared="unit"),
-    "deepseek_v3": dict(score="sigmoid", norm="sum", scale=2.5, shared="unit",
-                        selection_bias=True, n_groups=8, topk_groups=4,
-                        group_score="top2_sum"),
-    "deepseek_v2_lite": dict(score="softmax", norm="none", scale=1.0, shared="unit"),
-    "dbrx": dict(score="softmax", norm="lp", lp=1.0, scale=1.0, shared="none"),
-    "megablocks": dict(score="softmax", norm="none", scale=1.0, shared="none"),
-    "megablocks_lp2": dict(score="softmax", norm="lp", lp=2.0, scale=1.0, shared="none"),
-    "kplus1": dict(score="softmax", norm="none", scale=1.0, shared="kplus1"),
-    "switch": dict(score="softmax", norm="none", scale=1.0, shared="none"),
-    "gshard": dict(score="softmax", norm="sum", scale=1.0, shared="none"),
+  "mixtral": dict(score="softmax", norm="sum", scale=1.0, shared="none"),
+  "qwen3_moe": dict(score="softmax", norm="sum", scale=1.0, shared="none"),
+  "olmoe": dict(score="softmax", norm="none", scale=1.0, shared="none"),
+  "qwen2_moe": dict(score="softmax", norm="none", scale=1.0, shared="sigmoid"),
+  "qwen3_5_moe": dict(score="softmax", norm="sum", scale=1.0, shared="sigmoid"),
+  "megatron": dict(score="softmax", norm="sum", scale=1.0, shared="unit"),
+  "olmo": dict(score="softmax", norm="sum", scale="k", shared="unit"),
+  "deepseek_v3": dict(
+    score="sigmoid",
+    norm="sum",
+    scale=2.5,
+    shared="unit",
+    selection_bias=True,
+    n_groups=8,
+    topk_groups=4,
+    group_score="top2_sum",
+  ),
+  "deepseek_v2_lite": dict(score="softmax", norm="none", scale=1.0, shared="unit"),
+  "dbrx": dict(score="softmax", norm="lp", lp=1.0, scale=1.0, shared="none"),
+  "megablocks": dict(score="softmax", norm="none", scale=1.0, shared="none"),
+  "megablocks_lp2": dict(score="softmax", norm="lp", lp=2.0, scale=1.0, shared="none"),
+  "kplus1": dict(score="softmax", norm="none", scale=1.0, shared="kplus1"),
+  "switch": dict(score="softmax", norm="none", scale=1.0, shared="none"),
+  "gshard": dict(score="softmax", norm="sum", scale=1.0, shared="none"),
 }
 TABLE = {name: {**_DEFAULTS, **row} for name, row in TABLE.items()}
 
@@ -56,9 +63,23 @@ def _np_scores(z: np.ndarray, score: str) -> np.ndarray:
   return 1.0 / (1.0 + np.exp(-z))
 
 
-def ref_route(logits, *, score, norm, scale, shared, lp=1.0, selection_bias=False,
-              n_groups=1, topk_groups=1, group_score=None, k, k2=None, bias=None,
-              train_k=None):
+def ref_route(
+  logits,
+  *,
+  score,
+  norm,
+  scale,
+  shared,
+  lp=1.0,
+  selection_bias=False,
+  n_groups=1,
+  topk_groups=1,
+  group_score=None,
+  k,
+  k2=None,
+  bias=None,
+  train_k=None,
+):
   """DESIGN.md §2, one token at a time. Returns (experts [T,k], weights [T,k], s [T,E],
   kept_groups: list of sets of group ids (all groups when n_groups == 1))."""
   logits = np.asarray(logits, np.float64)
@@ -79,12 +100,12 @@ def ref_route(logits, *, score, norm, scale, shared, lp=1.0, selection_bias=Fals
       size = E // n_groups
       group_scores = []
       for g in range(n_groups):
-        members = sorted(key[g * size:(g + 1) * size], reverse=True)
+        members = sorted(key[g * size : (g + 1) * size], reverse=True)
         group_scores.append(members[0] if group_score == "max" else members[0] + members[1])
       kept = set(np.argsort(-np.asarray(group_scores), kind="stable")[:topk_groups].tolist())
       for g in range(n_groups):
         if g not in kept:
-          key[g * size:(g + 1) * size] = -np.inf
+          key[g * size : (g + 1) * size] = -np.inf
     kept_all.append(kept)
     order = np.argsort(-key, kind="stable")
     sel = order[:k]
@@ -94,7 +115,7 @@ def ref_route(logits, *, score, norm, scale, shared, lp=1.0, selection_bias=Fals
     elif norm == "sum":
       p = s_sel / s_sel.sum()
     elif norm == "lp":
-      p = s_sel / (s_sel ** lp).sum() ** (1.0 / lp)
+      p = s_sel / (s_sel**lp).sum() ** (1.0 / lp)
     else:
       p = s_sel
     alpha = float(K) if scale == "k" else float(scale)
@@ -140,8 +161,9 @@ def _assert_matches(out: routing.Routing, ref, *, tol: float = 1e-6, ordered: bo
   for t in range(experts.shape[0]):
     assert sorted(got_e[t].tolist()) == sorted(experts[t].tolist()), (t, got_e[t], experts[t])
     ref_w = dict(zip(experts[t].tolist(), weights[t].tolist()))
-    np.testing.assert_allclose(got_w[t], [ref_w[e] for e in got_e[t].tolist()],
-                               rtol=tol, atol=tol, err_msg=f"token {t}")
+    np.testing.assert_allclose(
+      got_w[t], [ref_w[e] for e in got_e[t].tolist()], rtol=tol, atol=tol, err_msg=f"token {t}"
+    )
   if ordered:  # "best first"
     np.testing.assert_array_equal(got_e, experts)
   np.testing.assert_allclose(np.asarray(out.scores_TxE), s, rtol=1e-6, atol=1e-7)
@@ -228,8 +250,9 @@ def test_selection_bias_weights_use_unbiased_scores():
   s = np.stack([_np_scores(z, "softmax") for z in logits])
   got_e = np.asarray(out.experts_TxK)
   assert (np.sort(got_e, 1) == [5, 6]).all()
-  np.testing.assert_allclose(np.asarray(out.weights_TxK),
-                             np.take_along_axis(s, got_e, 1), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+    np.asarray(out.weights_TxK), np.take_along_axis(s, got_e, 1), rtol=1e-6, atol=1e-7
+  )
   np.testing.assert_allclose(np.asarray(out.scores_TxE), s, rtol=1e-6, atol=1e-7)
   # deepseek_v3 (sigmoid, sum, 2.5): r_i = 2.5 s_i / Σ_S s_j with unbiased s.
   E = 64
@@ -241,8 +264,9 @@ def test_selection_bias_weights_use_unbiased_scores():
   got_e = np.asarray(out.experts_TxK)
   assert (np.sort(got_e, 1) == np.arange(8)).all()
   s_sel = np.take_along_axis(s, got_e, 1)
-  np.testing.assert_allclose(np.asarray(out.weights_TxK),
-                             2.5 * s_sel / s_sel.sum(1, keepdims=True), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out.weights_TxK), 2.5 * s_sel / s_sel.sum(1, keepdims=True), rtol=1e-6, atol=1e-6
+  )
 
 
 # --------------------------------------------------------------------------- k2 and train_k
@@ -256,8 +280,9 @@ def test_k2_equal_k_is_sum_renormalization_for_none_rule():
   top = np.argsort(-s, 1, kind="stable")[:, :k]
   s_top = np.take_along_axis(s, top, 1)
   np.testing.assert_array_equal(np.asarray(out.experts_TxK), top)
-  np.testing.assert_allclose(np.asarray(out.weights_TxK), s_top / s_top.sum(1, keepdims=True),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out.weights_TxK), s_top / s_top.sum(1, keepdims=True), rtol=1e-6, atol=1e-6
+  )
   np.testing.assert_allclose(np.asarray(out.weights_TxK).sum(1), 1.0, rtol=1e-6)
 
 
@@ -268,8 +293,9 @@ def test_k2_equal_E_with_softmax_is_no_renormalization():
   top = np.argsort(-s, 1, kind="stable")[:, :k]
   for name in ("mixtral", "dbrx", "megablocks_lp2", "olmoe"):
     out = route(jnp.asarray(logits), name, k, k2=E)
-    np.testing.assert_allclose(np.asarray(out.weights_TxK), np.take_along_axis(s, top, 1),
-                               rtol=1e-6, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(
+      np.asarray(out.weights_TxK), np.take_along_axis(s, top, 1), rtol=1e-6, atol=1e-7, err_msg=name
+    )
 
 
 @pytest.mark.parametrize("name", sorted(TABLE))
@@ -291,8 +317,9 @@ def test_train_k_constants_olmo_and_kplus1():
   top = np.argsort(-s, 1, kind="stable")[:, :k]
   s_top = np.take_along_axis(s, top, 1)
   out = route(jnp.asarray(logits), "olmo", k, train_k=K)
-  np.testing.assert_allclose(np.asarray(out.weights_TxK), 8.0 * s_top / s_top.sum(1, keepdims=True),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out.weights_TxK), 8.0 * s_top / s_top.sum(1, keepdims=True), rtol=1e-6, atol=1e-6
+  )
   np.testing.assert_allclose(np.asarray(out.weights_TxK).sum(1), 8.0, rtol=1e-6)
   out = route(jnp.asarray(logits), "olmo", k, k2=K, train_k=K)
   top8 = np.sort(s, 1)[:, ::-1][:, :K].sum(1, keepdims=True)
@@ -312,10 +339,26 @@ def test_train_k_constants_olmo_and_kplus1():
 @pytest.mark.parametrize("group_score", ["top2_sum", "max"])
 def test_group_routing_stays_in_kept_groups(group_score):
   E, n_groups, topk_groups = 64, 8, 4
-  rule = MergeRule(score="sigmoid", norm="sum", scale=2.5, shared="unit", selection_bias=True,
-                   n_groups=n_groups, topk_groups=topk_groups, group_score=group_score)
-  row = dict(score="sigmoid", norm="sum", scale=2.5, shared="unit", selection_bias=True,
-             n_groups=n_groups, topk_groups=topk_groups, group_score=group_score)
+  rule = MergeRule(
+    score="sigmoid",
+    norm="sum",
+    scale=2.5,
+    shared="unit",
+    selection_bias=True,
+    n_groups=n_groups,
+    topk_groups=topk_groups,
+    group_score=group_score,
+  )
+  row = dict(
+    score="sigmoid",
+    norm="sum",
+    scale=2.5,
+    shared="unit",
+    selection_bias=True,
+    n_groups=n_groups,
+    topk_groups=topk_groups,
+    group_score=group_score,
+  )
   rng = np.random.default_rng(31)
   size = E // n_groups
   for trial, offset in enumerate((0.0, -5.0)):  # -5: every key s + b is negative
@@ -337,7 +380,7 @@ def test_group_masking_uses_minus_inf_not_zero():
   E, size = 64, 8
   logits = _logits(E, seed=50, n=128)
   bias = np.full(E, -2e3, np.float32)
-  bias[:4 * size] = -1e3  # groups 0..3 win the group vote by ~2e3
+  bias[: 4 * size] = -1e3  # groups 0..3 win the group vote by ~2e3
   out = route(jnp.asarray(logits), "deepseek_v3", 8, bias_E=jnp.asarray(bias))
   got_e = np.asarray(out.experts_TxK)
   assert (got_e < 4 * size).all(), np.unique(got_e // size)
@@ -346,8 +389,9 @@ def test_group_masking_uses_minus_inf_not_zero():
   # Weights still come from the unbiased sigmoid scores of the chosen experts.
   s = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
   s_sel = np.take_along_axis(s, got_e, 1)
-  np.testing.assert_allclose(np.asarray(out.weights_TxK), 2.5 * s_sel / s_sel.sum(1, keepdims=True),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(out.weights_TxK), 2.5 * s_sel / s_sel.sum(1, keepdims=True), rtol=1e-6, atol=1e-6
+  )
   # Same with k2: the denominator must not include masked experts' scores either.
   out = route(jnp.asarray(logits), "deepseek_v3", 8, k2=16, bias_E=jnp.asarray(bias))
   got_e = np.asarray(out.experts_TxK)
@@ -367,13 +411,16 @@ def test_shared_coefficient():
   c = shared_coefficient(RULES["mixtral"], 2, None, n)
   np.testing.assert_array_equal(np.asarray(c), np.zeros(n))
   assert c.shape == (n,) and c.dtype == jnp.float32
-  np.testing.assert_array_equal(np.asarray(shared_coefficient(RULES["megatron"], 2, None, n)),
-                                np.ones(n))
-  np.testing.assert_array_equal(np.asarray(shared_coefficient(RULES["olmo"], 8, None, n)),
-                                np.ones(n))
+  np.testing.assert_array_equal(
+    np.asarray(shared_coefficient(RULES["megatron"], 2, None, n)), np.ones(n)
+  )
+  np.testing.assert_array_equal(
+    np.asarray(shared_coefficient(RULES["olmo"], 8, None, n)), np.ones(n)
+  )
   c = shared_coefficient(RULES["qwen2_moe"], 2, jnp.asarray(gate), n)
-  np.testing.assert_allclose(np.asarray(c), 1.0 / (1.0 + np.exp(-gate.astype(np.float64))),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(c), 1.0 / (1.0 + np.exp(-gate.astype(np.float64))), rtol=1e-6
+  )
   for K in (1, 2, 8):
     c = shared_coefficient(RULES["kplus1"], K, None, n)
     np.testing.assert_allclose(np.asarray(c), np.full(n, 1.0 / (K + 1)), rtol=1e-7)
@@ -448,14 +495,20 @@ def test_route_jit_equals_eager():
   E = 64
   logits = jnp.asarray(_logits(E, seed=60))
   bias = jnp.asarray(np.random.default_rng(61).normal(scale=0.3, size=E).astype(np.float32))
-  cases = [("mixtral", 2, {}), ("olmo", 2, dict(k2=8, train_k=8)),
-           ("deepseek_v3", 8, dict(bias_E=bias)), ("megablocks_lp2", 4, {})]
+  cases = [
+    ("mixtral", 2, {}),
+    ("olmo", 2, dict(k2=8, train_k=8)),
+    ("deepseek_v3", 8, dict(bias_E=bias)),
+    ("megablocks_lp2", 4, {}),
+  ]
   for name, k, kw in cases:
     eager = route(logits, name, k, **kw)
     jitted = _route_jit(logits, RULES[name], k, **kw)
     np.testing.assert_array_equal(np.asarray(jitted.experts_TxK), np.asarray(eager.experts_TxK))
-    np.testing.assert_allclose(np.asarray(jitted.weights_TxK), np.asarray(eager.weights_TxK),
-                               rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(np.asarray(jitted.scores_TxE), np.asarray(eager.scores_TxE),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+      np.asarray(jitted.weights_TxK), np.asarray(eager.weights_TxK), rtol=1e-6, atol=1e-7
+    )
+    np.testing.assert_allclose(
+      np.asarray(jitted.scores_TxE), np.asarray(eager.scores_TxE), rtol=1e-6, atol=1e-7
+    )
     assert jitted.experts_TxK.dtype == jnp.int32 and jitted.weights_TxK.dtype == jnp.float32
