@@ -261,3 +261,24 @@ def test_dispatch_validation_names_the_field(kwargs, field):
 
 def test_auto_impl_on_cpu_is_blocked():
   assert dsp.resolve_impl("auto") == ("blocked" if jax.default_backend() == "cpu" else "ragged")
+
+
+def test_block_drop_fraction_matches_reference_policy():
+  from flax import nnx
+
+  from moejax.moe import MoEBlock, MoEConfig
+
+  T, E, K = 32, 4, 2
+  cfg = MoEConfig(d_model=D, n_experts=E, top_k=K, d_expert=F, dispatch="capacity",
+                  capacity_factor=0.5, eval_capacity_factor=0.5, min_capacity=1)
+  block = MoEBlock(cfg, rngs=nnx.Rngs(0))
+  r = np.random.default_rng(7)
+  block.router.kernel[...] = jnp.asarray(r.normal(size=(D, E)) * 2.0, jnp.float32)
+  x = r.normal(size=(T, D)).astype(np.float32)
+  _, aux = block(jnp.asarray(x))
+  logits = x.astype(np.float64) @ np.asarray(block.router.kernel[...], np.float64)
+  experts = np.argsort(-logits, axis=1)[:, :K]
+  cap = max(1, int(np.ceil(0.5 * K * T / E)))
+  kept = ref_capacity_keep(experts, ref_position_priority(T, K, T), E, cap, T)
+  assert kept.mean() < 1.0
+  np.testing.assert_allclose(float(aux["drop_fraction"]), 1.0 - kept.mean(), atol=1e-7)
