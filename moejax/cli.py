@@ -41,6 +41,8 @@ def parse_flags(argv: list[str], config_flag) -> None:
     flags.FLAGS(argv)
   except flags.Error as e:
     fail(e)
+  except OSError as e:  # ml_collections re-raises a failed config load as OSError
+    fail(f"cannot load --config {config_path(argv)}: {e}")
   except (AttributeError, KeyError) as e:
     cfg = _load_config_file(argv)
     key = _unknown_key(argv, cfg) if cfg is not None else None
@@ -51,17 +53,22 @@ def parse_flags(argv: list[str], config_flag) -> None:
     )
 
 
+def config_path(argv: list[str]) -> str | None:
+  """The `--config[=]path[:arg]` value on the command line, if any."""
+  for i, arg in enumerate(argv):
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+  return None
+
+
 def _load_config_file(argv: list[str]):
   """The config named by `--config[=]path[:arg]`, loaded without the overrides."""
   import importlib.util  # pylint: disable=import-outside-toplevel
 
-  for i, arg in enumerate(argv):
-    if arg == "--config" and i + 1 < len(argv):
-      spec = argv[i + 1]
-    elif arg.startswith("--config="):
-      spec = arg.split("=", 1)[1]
-    else:
-      continue
+  spec = config_path(argv)
+  if spec is not None:
     path, _, config_arg = spec.partition(":")
     try:
       module_spec = importlib.util.spec_from_file_location("_moejax_config", path)

@@ -56,8 +56,8 @@ def run_grid(
   if c.model.moe_every == 0:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
   K, E = c.model.moe.top_k, c.model.moe.n_experts
-  k1s = kgrid.parse_k1(k1, K, E)
-  cells = kgrid.cells(k1s, kgrid.parse_k2(k2, K, E, k1s), K, E)
+  k1s = kgrid.parse_k1(k1 or c.eval.k1, K, E)  # arguments win over the run's eval.k1/k2
+  cells = kgrid.cells(k1s, kgrid.parse_k2(k2 or c.eval.k2, K, E, k1s), K, E)
   mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
   if mngr.latest_step() is None:
     raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")

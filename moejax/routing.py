@@ -157,6 +157,20 @@ def selection_keys(
   return masked_TxGxS.reshape(T, E)
 
 
+def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2: int) -> jax.Array:
+  """Σ s_j over the top-k2 experts in selection order: kept experts by key, then (when k2
+  exceeds the kept groups) the masked experts by score, so ties at −inf never decide."""
+  E = s_TxE.shape[-1]
+  n_kept = E if rule.n_groups == 1 else rule.topk_groups * (E // rule.n_groups)
+  _, top_TxK2 = jax.lax.top_k(key_TxE, min(k2, n_kept))
+  mass_T = jnp.take_along_axis(s_TxE, top_TxK2, axis=-1).sum(-1)
+  if k2 > n_kept:
+    masked_TxE = jnp.where(jnp.isneginf(key_TxE), s_TxE, -jnp.inf)
+    extra_TxX, _ = jax.lax.top_k(masked_TxE, k2 - n_kept)
+    mass_T = mass_T + extra_TxX.sum(-1)
+  return mass_T
+
+
 def route(
   logits_TxE: jax.Array,
   rule: MergeRule | str,
@@ -182,8 +196,7 @@ def route(
   s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
 
   if k2 is not None:
-    _, top_TxK2 = jax.lax.top_k(key_TxE, k2)
-    p_TxK = s_TxK / jnp.take_along_axis(s_TxE, top_TxK2, axis=-1).sum(-1, keepdims=True)
+    p_TxK = s_TxK / k2_mass(s_TxE, key_TxE, rule, k2)[:, None]
   elif rule.norm == "sum":
     p_TxK = s_TxK / s_TxK.sum(-1, keepdims=True)
   elif rule.norm == "lp":

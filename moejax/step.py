@@ -90,8 +90,9 @@ def forward_loss(
 
 
 def _micro(tokens_BxL1: jax.Array, n: int) -> jax.Array:
+  """[n, B/n, L+1] micro-batches, interleaved so each keeps rows from every data shard."""
   B = tokens_BxL1.shape[0]
-  return tokens_BxL1.reshape(n, B // n, *tokens_BxL1.shape[1:])
+  return tokens_BxL1.reshape(B // n, n, *tokens_BxL1.shape[1:]).swapaxes(0, 1)
 
 
 def global_fractions(graphdef, params, router, tokens_BxL1, lc: LossConfig, rng) -> jax.Array:
@@ -144,7 +145,7 @@ def make_train_step(
     params = optax.apply_updates(params, updates)
     if lc.bias_update_rate > 0:
       router = update_router_bias(graphdef, params, router, loads_LxE, lc.bias_update_rate)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["lr"] = schedule(state["step"])
     new_state = {
       "step": state["step"] + 1,

@@ -196,10 +196,10 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     is_last = done == end
     if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
       row = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if not np.isfinite(row["loss"]):
+      if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
         raise Diverged(
-          f"loss is {row['loss']} at step {done}; stopped. The last good "
-          f"checkpoint is {workdir}/checkpoints/{last_saved}"
+          f"loss {row['loss']}, grad norm {row['grad_norm']} at step {done}; stopped. The "
+          f"last good checkpoint is {workdir}/checkpoints/{last_saved}"
         )
       now = time.time()
       row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)

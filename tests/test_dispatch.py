@@ -269,8 +269,16 @@ def test_block_drop_fraction_matches_reference_policy():
   from moejax.moe import MoEBlock, MoEConfig
 
   T, E, K = 32, 4, 2
-  cfg = MoEConfig(d_model=D, n_experts=E, top_k=K, d_expert=F, dispatch="capacity",
-                  capacity_factor=0.5, eval_capacity_factor=0.5, min_capacity=1)
+  cfg = MoEConfig(
+    d_model=D,
+    n_experts=E,
+    top_k=K,
+    d_expert=F,
+    dispatch="capacity",
+    capacity_factor=0.5,
+    eval_capacity_factor=0.5,
+    min_capacity=1,
+  )
   block = MoEBlock(cfg, rngs=nnx.Rngs(0))
   r = np.random.default_rng(7)
   block.router.kernel[...] = jnp.asarray(r.normal(size=(D, E)) * 2.0, jnp.float32)

@@ -1,12 +1,14 @@
 """The training loop and the train step (DESIGN.md §5): resume, accumulation, bias update.
 
-Everything runs in-process on tiny configs. The trainer jits fresh closures in every
-`trainer.train` call, so this module turns on JAX's persistent compilation cache: runs
-with the same shapes (the resume tests) compile once.
+In-process, on tiny configs. The trainer jits fresh closures in every `trainer.train`
+call, so this module turns on JAX's persistent compilation cache (runs and steps with the
+same program compile once) and XLA's cheap compiles (`jax_disable_most_optimizations`);
+both are restored when the module is done. test_cli.py runs the default compiler.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import json
@@ -19,27 +21,37 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache
 
 from moejax import checkpoint, optim, sharding, trainer
+from moejax import config as config_lib
 from moejax import step as step_lib
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "configs")
-QUIET = dict(log=lambda *a: None)
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+QUIET = {"log": lambda *a: None}
 
 # Tiny shapes for every test here: 2 layers, d_model 32, batch 4 x 32 tokens.
 TINY = {
-    "model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.n_heads": 2,
-    "model.n_kv_heads": 1, "model.moe.d_expert": 32,
-    "data.corpus": "synthetic", "data.synthetic_docs": 200, "data.batch_size": 4,
-    "data.seq_len": 32,
-    "train.steps": 6, "train.log_every": 1, "train.eval_every": 100, "train.ckpt_every": 3,
-    "train.eval_sequences": 4, "train.progress": False, "eval.batch_size": 4,
-    "wandb.mode": "disabled",
+  "model.n_layers": 2,
+  "model.d_model": 32,
+  "model.d_ff": 64,
+  "model.n_heads": 2,
+  "model.n_kv_heads": 1,
+  "model.moe.d_expert": 32,
+  "data.corpus": "synthetic",
+  "data.synthetic_docs": 200,
+  "data.batch_size": 4,
+  "data.seq_len": 32,
+  "train.steps": 6,
+  "train.log_every": 1,
+  "train.eval_every": 100,
+  "train.ckpt_every": 3,
+  "train.eval_sequences": 4,
+  "train.progress": False,
+  "eval.batch_size": 4,
+  "wandb.mode": "disabled",
 }
 
 
@@ -58,18 +70,22 @@ def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.Confi
 
 def tiny_config(**values) -> ml_collections.ConfigDict:
   """base_config() shrunk by TINY, then `values` (dotted keys spelled with `__`)."""
-  from moejax import config as config_lib  # pylint: disable=import-outside-toplevel
-  return override(override(config_lib.base_config(), TINY),
-                  {k.replace("__", "."): v for k, v in values.items()})
+  return override(
+    override(config_lib.base_config(), TINY), {k.replace("__", "."): v for k, v in values.items()}
+  )
 
 
 def loss_config(c: ml_collections.ConfigDict, **changes) -> step_lib.LossConfig:
   """The LossConfig trainer.train builds from `c` (one device: n_shards 1)."""
   lc = step_lib.LossConfig(
-      balance_weight=c.loss.balance_weight, balance_granularity=c.loss.balance_granularity,
-      z_loss_weight=c.loss.z_loss_weight, bias_update_rate=c.loss.bias_update_rate,
-      n_shards=1, grad_accum=c.train.grad_accum)
-  return step_lib.LossConfig(**{**lc.__dict__, **changes})
+    balance_weight=c.loss.balance_weight,
+    balance_granularity=c.loss.balance_granularity,
+    z_loss_weight=c.loss.z_loss_weight,
+    bias_update_rate=c.loss.bias_update_rate,
+    n_shards=1,
+    grad_accum=c.train.grad_accum,
+  )
+  return dataclasses.replace(lc, **changes)
 
 
 def first_batch(run: trainer.Run) -> jax.Array:
@@ -96,8 +112,11 @@ def assert_trees_equal(a, b, what: str) -> None:
   """Bitwise equality of two pytrees (same structure, same bytes in every leaf)."""
   la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
   assert [p for p, _ in la] == [p for p, _ in lb], what
-  diff = [jax.tree_util.keystr(p) for (p, x), (_, y) in zip(la, lb)
-          if not np.array_equal(np.asarray(x), np.asarray(y))]
+  diff = [
+    jax.tree_util.keystr(p)
+    for (p, x), (_, y) in zip(la, lb)
+    if not np.array_equal(np.asarray(x), np.asarray(y))
+  ]
   assert not diff, f"{what}: leaves differ: {diff[:8]}"
 
 
@@ -108,11 +127,13 @@ def all_finite(tree) -> bool:
 @pytest.fixture(scope="module", autouse=True)
 def fast_compiles(tmp_path_factory):
   """For this module only: a persistent XLA cache and XLA's cheap (-O0-like) compiles."""
-  values = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-            "jax_persistent_cache_min_compile_time_secs": 0.0,
-            "jax_persistent_cache_min_entry_size_bytes": -1,
-            "jax_disable_most_optimizations": True}
-  old = {n: getattr(jax.config, n) for n in values}
+  values = {
+    "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": -1,
+    "jax_disable_most_optimizations": True,
+  }
+  old = {n: jax.config.values[n] for n in values}
   for n, v in values.items():
     jax.config.update(n, v)
   compilation_cache.reset_cache()
@@ -126,10 +147,19 @@ def fast_compiles(tmp_path_factory):
 # selection bias with aux-loss-free updates) and global-batch balance loss.
 BIAS_RATE = 0.01
 N = 3  # resume: stop at N of 2N steps
-BASE = dict(model__moe__rule="deepseek_v3", model__moe__n_experts=8, model__moe__top_k=2,
-            model__moe__n_groups=4, model__moe__topk_groups=2, model__moe__d_shared=32,
-            loss__bias_update_rate=BIAS_RATE, loss__balance_granularity="global_batch",
-            train__steps=2 * N, train__ckpt_every=N, train__log_every=1)
+BASE = {
+  "model__moe__rule": "deepseek_v3",
+  "model__moe__n_experts": 8,
+  "model__moe__top_k": 2,
+  "model__moe__n_groups": 4,
+  "model__moe__topk_groups": 2,
+  "model__moe__d_shared": 32,
+  "loss__bias_update_rate": BIAS_RATE,
+  "loss__balance_granularity": "global_batch",
+  "train__steps": 2 * N,
+  "train__ckpt_every": N,
+  "train__log_every": 1,
+}
 
 
 def trainer_jit(run: trainer.Run, lc: step_lib.LossConfig | None = None):
@@ -138,8 +168,11 @@ def trainer_jit(run: trainer.Run, lc: step_lib.LossConfig | None = None):
   tx, schedule = optim.optimizer(c)
   lc = lc or loss_config(c)
   shardings = sharding.state_sharding(run.state, run.mesh)
-  return jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
-                 out_shardings=(shardings, None))
+  return jax.jit(
+    step_lib.make_train_step(run.graphdef, tx, lc, schedule),
+    donate_argnums=0,
+    out_shardings=(shardings, None),
+  )
 
 
 def fresh(state):
@@ -160,13 +193,15 @@ def forward(base):
   run = base[0]
 
   def fn(lc, params, router, tokens):
-    return jax.jit(lambda p, r, t: step_lib.forward_loss(
-        run.graphdef, p, r, t, None, lc, train=False))(params, router, tokens)
+    return jax.jit(
+      lambda p, r, t: step_lib.forward_loss(run.graphdef, p, r, t, None, lc, train=False)
+    )(params, router, tokens)
 
   return fn
 
 
 # ---------------------------------------------------------------- resume exactness
+
 
 @pytest.fixture(scope="module")
 def resume_runs(tmp_path_factory):
@@ -177,6 +212,9 @@ def resume_runs(tmp_path_factory):
   c = tiny_config(**BASE)
   trainer.train(override(c, {"train.stop_at": N}), split, **QUIET)
   shutil.copytree(split, at_n, dirs_exist_ok=True)  # the workdir as the first leg left it
+  # As if killed after logging a step it did not checkpoint: the resumed run drops the row.
+  with open(os.path.join(split, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"step": N + 1, "loss": 123.0}) + "\n")
   trainer.train(c, split, **QUIET)  # rerunning the same command resumes
   trainer.train(c, whole, **QUIET)
   return {"config": c, "split": split, "whole": whole, "at_n": at_n}
@@ -208,8 +246,11 @@ def test_resumed_final_state_is_bitwise_identical(resume_runs, base):
   assert_trees_equal(state_a["opt_state"], state_b["opt_state"], "opt_state")
   assert_trees_equal(state_a["router"], state_b["router"], "router")
   assert data_a == data_b
-  moved = jax.tree.map(lambda x, y: not np.array_equal(np.asarray(x), np.asarray(y)),
-                       state_a["params"], run.state["params"])
+  moved = jax.tree.map(
+    lambda x, y: not np.array_equal(np.asarray(x), np.asarray(y)),
+    state_a["params"],
+    run.state["params"],
+  )
   assert any(jax.tree.leaves(moved))  # training moved the params: the check is not vacuous
 
 
@@ -230,6 +271,7 @@ def test_trainer_loop_equals_the_step_function_run_by_hand(resume_runs, base):
 
 # ---------------------------------------------------------------- gradient accumulation
 
+
 def test_grad_accum_matches_one_big_batch(base):
   """grad_accum=2 on batch 4 = grad_accum=1 for global_batch (f from the two-pass pass)."""
   run, tokens, step1 = base
@@ -248,15 +290,29 @@ def test_grad_accum_matches_one_big_batch(base):
   mu1, mu2 = s1["opt_state"][1][0].mu, s2["opt_state"][1][0].mu
   scale = max(float(np.abs(np.asarray(g)).max()) for g in jax.tree.leaves(mu1))
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(mu1), jax.tree.leaves(mu2)):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7 * scale,
-                               err_msg="grad " + jax.tree_util.keystr(path))
-  router_mu = [np.asarray(g) for p, g in jax.tree_util.tree_leaves_with_path(mu1)
-               if "router" in jax.tree_util.keystr(p)]
+    np.testing.assert_allclose(
+      np.asarray(b),
+      np.asarray(a),
+      rtol=1e-5,
+      atol=1e-7 * scale,
+      err_msg="grad " + jax.tree_util.keystr(path),
+    )
+  router_mu = [
+    np.asarray(g)
+    for p, g in jax.tree_util.tree_leaves_with_path(mu1)
+    if "router" in jax.tree_util.keystr(p)
+  ]
   assert router_mu and all(np.abs(g).max() > 0 for g in router_mu)
-  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1["params"]),
-                          jax.tree.leaves(s2["params"])):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6,
-                               err_msg="param " + jax.tree_util.keystr(path))
+  for (path, a), b in zip(
+    jax.tree_util.tree_leaves_with_path(s1["params"]), jax.tree.leaves(s2["params"])
+  ):
+    np.testing.assert_allclose(
+      np.asarray(b),
+      np.asarray(a),
+      rtol=1e-5,
+      atol=1e-6,
+      err_msg="param " + jax.tree_util.keystr(path),
+    )
   # Loads summed over the micro-batches: the same bias update as the whole batch.
   assert_trees_equal(s1["router"], s2["router"], "router bias after one step")
 
@@ -267,7 +323,8 @@ def test_micro_batch_granularity_differs_from_global_batch(base, forward):
   c = run.config
   # Skew the routing: a large router kernel makes the halves' loads differ a lot.
   params = jax.tree_util.tree_map_with_path(
-      lambda p, x: x * 50.0 if "router" in jax.tree_util.keystr(p) else x, run.state["params"])
+    lambda p, x: x * 50.0 if "router" in jax.tree_util.keystr(p) else x, run.state["params"]
+  )
   router = run.state["router"]
   glob_lc = loss_config(c, balance_granularity="global_batch")
   micro_lc = loss_config(c, balance_granularity="micro_batch", n_shards=2)
@@ -278,7 +335,7 @@ def test_micro_batch_granularity_differs_from_global_batch(base, forward):
 
   glob_b, glob_lm, glob_loss = balance(glob_lc, tokens)
   micro_b, micro_lm, micro_loss = balance(micro_lc, tokens)
-  halves = [balance(glob_lc, tokens[i:i + 2])[0] for i in (0, 2)]
+  halves = [balance(glob_lc, tokens[i : i + 2])[0] for i in (0, 2)]
   np.testing.assert_allclose(micro_b, np.mean(halves), rtol=1e-5)
   assert abs(micro_b - glob_b) > 1e-3 * abs(glob_b), (micro_b, glob_b)
   assert micro_lm == pytest.approx(glob_lm, rel=1e-6)
@@ -286,6 +343,7 @@ def test_micro_batch_granularity_differs_from_global_batch(base, forward):
 
 
 # ---------------------------------------------------------------- aux-loss-free bias update
+
 
 def test_bias_update_direction(base, forward):
   """b_i moves by γ·sign(mean load − load_i), with loads from a forward pass before the step."""
@@ -322,9 +380,13 @@ def test_bias_is_checkpointed_and_restored(resume_runs, base):
   # test_resumed_final_state_is_bitwise_identical); and they are not the ones at 2N.
   _, at_n, _ = restore(resume_runs["at_n"], run.state)
   _, at_2n, _ = restore(resume_runs["split"], run.state)
-  assert not all(np.array_equal(a, b) for a, b in zip(
+  assert not all(
+    np.array_equal(a, b)
+    for a, b in zip(
       router_biases(run.graphdef, at_n["params"], at_n["router"]),
-      router_biases(run.graphdef, at_2n["params"], at_2n["router"])))
+      router_biases(run.graphdef, at_2n["params"], at_2n["router"]),
+    )
+  )
 
 
 # ---------------------------------------------------------------- divergence
@@ -333,8 +395,9 @@ STEP_IN_MESSAGE = re.compile(r"at step (\d+)")
 CKPT_IN_MESSAGE = re.compile(r"checkpoints/(\d+)")
 
 
-def test_nan_raises_diverged_and_keeps_the_last_checkpoint(resume_runs, base, tmp_path,
-                                                           monkeypatch):
+def test_nan_raises_diverged_and_keeps_the_last_checkpoint(
+  resume_runs, base, tmp_path, monkeypatch
+):
   """Params that turn NaN after the checkpoint at N: Diverged at N+1, checkpoint N kept."""
   run = base[0]
   workdir = str(tmp_path / "nan")
@@ -365,8 +428,14 @@ def test_huge_lr_diverges_and_the_named_checkpoint_is_good(tmp_path):
   A step's logged loss is the loss *before* its update, so the update of the step whose
   gradient overflows must not be checkpointed as good.
   """
-  c = tiny_config(optim__lr=1e6, optim__clip_norm=0.0, optim__warmup_steps=0,
-                  train__steps=12, train__ckpt_every=1, train__log_every=1)
+  c = tiny_config(
+    optim__lr=1e6,
+    optim__clip_norm=0.0,
+    optim__warmup_steps=0,
+    train__steps=12,
+    train__ckpt_every=1,
+    train__log_every=1,
+  )
   workdir = str(tmp_path / "huge_lr")
   with pytest.raises(trainer.Diverged) as info:
     trainer.train(c, workdir, **QUIET)
@@ -378,14 +447,22 @@ def test_huge_lr_diverges_and_the_named_checkpoint_is_good(tmp_path):
   assert good_step in steps and max(steps) == good_step, (message, steps)
   step, state, _ = restore(workdir, trainer.build(c, None).state, good_step)
   assert step == good_step
-  bad = [jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(state)
-         if not np.isfinite(np.asarray(x)).all()]
-  assert not bad, (f"the 'last good checkpoint' {workdir}/checkpoints/{good_step} holds "
-                   f"non-finite values in {len(bad)} leaves, e.g. {bad[:3]}; "
-                   f"message: {message}")
+  bad = [
+    jax.tree_util.keystr(p)
+    for p, x in jax.tree_util.tree_leaves_with_path(state)
+    if not np.isfinite(np.asarray(x)).all()
+  ]
+  assert not bad, (
+    f"the 'last good checkpoint' {workdir}/checkpoints/{good_step} holds "
+    f"non-finite values in {len(bad)} leaves, e.g. {bad[:3]}; "
+    f"message: {message}"
+  )
   rows = metric_rows(workdir)
-  assert all(r["grad_norm"] is not None and math.isfinite(r["grad_norm"])
-             for r in rows if r["step"] <= good_step), rows
+  assert all(
+    r["grad_norm"] is not None and math.isfinite(r["grad_norm"])
+    for r in rows
+    if r["step"] <= good_step
+  ), rows
 
 
 # ---------------------------------------------------------------- every preset trains
@@ -395,7 +472,8 @@ PRESET_FILES = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.py")))
 
 def load_preset(path: str) -> ml_collections.ConfigDict:
   spec = importlib.util.spec_from_file_location(
-      "moejax_test_preset_" + os.path.basename(path)[:-3], path)
+    "moejax_test_preset_" + os.path.basename(path)[:-3], path
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
@@ -406,13 +484,24 @@ def shrink_preset(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   m = c.model
   B, L = 2, 16
   values = {
-      "model.n_layers": m.first_dense + 1,  # the first layer that is MoE is the last
-      "model.d_model": 32, "model.n_heads": 2, "model.n_kv_heads": 1, "model.head_dim": 0,
-      "model.d_ff": 32, "model.moe.d_expert": 16,
-      "model.moe.d_shared": 16 if m.moe.d_shared else 0,
-      "data.corpus": "synthetic", "data.synthetic_docs": 40, "data.tokenizer": "byte",
-      "data.batch_size": B, "data.seq_len": L, "train.grad_accum": 1,
-      "mesh.data": -1, "mesh.fsdp": 1, "mesh.expert": 1, "wandb.mode": "disabled",
+    "model.n_layers": m.first_dense + 1,  # the first layer that is MoE is the last
+    "model.d_model": 32,
+    "model.n_heads": 2,
+    "model.n_kv_heads": 1,
+    "model.head_dim": 0,
+    "model.d_ff": 32,
+    "model.moe.d_expert": 16,
+    "model.moe.d_shared": 16 if m.moe.d_shared else 0,
+    "data.corpus": "synthetic",
+    "data.synthetic_docs": 40,
+    "data.tokenizer": "byte",
+    "data.batch_size": B,
+    "data.seq_len": L,
+    "train.grad_accum": 1,
+    "mesh.data": -1,
+    "mesh.fsdp": 1,
+    "mesh.expert": 1,
+    "wandb.mode": "disabled",
   }
   if m.moe.group_size:
     values["model.moe.group_size"] = math.gcd(m.moe.group_size, B * L)
@@ -428,12 +517,19 @@ def test_presets_are_found():
 def test_every_preset_builds_and_takes_a_train_step(path):
   preset = load_preset(path)
   c = shrink_preset(preset)
-  for key in ("rule", "dispatch", "n_experts", "top_k", "n_groups", "topk_groups",
-              "second_expert", "drop_policy"):
+  for key in (
+    "rule",
+    "dispatch",
+    "n_experts",
+    "top_k",
+    "n_groups",
+    "topk_groups",
+    "second_expert",
+    "drop_policy",
+  ):
     assert c.model.moe[key] == preset.model.moe[key], key
   run = trainer.build(c, None)
-  blocks = step_lib.moe_blocks(nnx.merge(run.graphdef, run.state["params"],
-                                         run.state["router"]))
+  blocks = step_lib.moe_blocks(nnx.merge(run.graphdef, run.state["params"], run.state["router"]))
   assert len(blocks) == 1
   assert blocks[0].cfg.n_experts == preset.model.moe.n_experts
   assert blocks[0].cfg.top_k == preset.model.moe.top_k

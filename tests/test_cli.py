@@ -1,0 +1,255 @@
+"""`python -m moejax.train` end to end (DESIGN.md §5, §6): outputs, user errors, resume guards.
+
+Every run is a subprocess with wandb disabled. User errors must exit 2 with exactly one
+stderr line `error: ...` naming the key or file, and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 4
+TINY = [
+  "--config.model.n_layers=2",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.moe.d_expert=32",
+  "--config.model.n_heads=2",
+  "--config.model.n_kv_heads=1",
+  "--config.data.batch_size=4",
+  "--config.data.seq_len=32",
+  "--config.train.eval_sequences=4",
+  "--config.eval.batch_size=4",
+  "--config.train.progress=False",
+  "--config.wandb.mode=disabled",
+  "--config.eval.after_train=False",
+]
+RUN_ARGS = TINY + [
+  f"--config.train.steps={STEPS}",
+  "--config.train.log_every=1",
+  "--config.train.eval_every=2",
+  "--config.train.ckpt_every=2",
+]
+MOE_NAMES = (
+  "aux_loss",
+  "z_loss",
+  "drop_fraction",
+  "load_max_over_mean",
+  "routed_mass",
+  "shared_coef",
+  "routed_out_rms",
+  "router_entropy",
+)
+
+
+def command(*args: str, config: str = "configs/quickstart.py") -> list[str]:
+  return [sys.executable, "-m", "moejax.train", "--config", config, *args]
+
+
+def env() -> dict:
+  return {**os.environ, "WANDB_MODE": "disabled"}
+
+
+def run_cli(*args: str, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    command(*args, **kwargs),
+    check=False,
+    cwd=REPO,
+    env=env(),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def assert_user_error(proc, *names: str) -> str:
+  """Exit 2, exactly one non-empty stderr line `error: ...` that names every one of `names`."""
+  where = f"rc={proc.returncode}\nstderr:\n{proc.stderr[-3000:]}"
+  assert "Traceback" not in proc.stderr, where
+  assert proc.returncode == 2, where
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1, where
+  line = lines[0]
+  assert line.startswith("error: ") and line[len("error: ") :].strip(), where
+  for name in names:
+    assert name in line, f"{name!r} not named in: {line}"
+  return line
+
+
+def snapshot(directory: str) -> dict:
+  """{relative path: (size, mtime_ns)} of every file and directory under `directory`."""
+  out = {}
+  for root, dirs, files in os.walk(directory):
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      st = os.stat(path)
+      out[os.path.relpath(path, directory)] = (st.st_size if name in files else 0, st.st_mtime_ns)
+  return out
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+  """A quickstart-sized run of STEPS steps (eval and checkpoint every 2)."""
+  workdir = str(tmp_path_factory.mktemp("quickstart") / "run")
+  proc = run_cli(*RUN_ARGS, "--workdir", workdir)
+  return proc, workdir
+
+
+def test_quickstart_exits_0(quickstart):
+  proc, _ = quickstart
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+
+
+def test_quickstart_config_json(quickstart):
+  _, workdir = quickstart
+  with open(os.path.join(workdir, "config.json")) as f:
+    cfg = json.load(f)
+  assert cfg["model"]["moe"]["rule"] == "mixtral"
+  assert cfg["model"]["d_model"] == 32 and cfg["train"]["steps"] == STEPS  # overrides applied
+  resolved = cfg["resolved"]
+  assert resolved["vocab_size"] == 257  # the byte tokenizer's
+  corpus = resolved["data"]["corpus"]
+  assert corpus["name"] == "stdlib"
+  assert len(corpus["sha256"]) == 64 and int(corpus["sha256"], 16) >= 0
+  assert corpus["python_version"] == "{}.{}.{}".format(*sys.version_info[:3])
+
+
+def test_quickstart_metrics_rows(quickstart):
+  _, workdir = quickstart
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+  for row in rows:
+    for key in ("loss", "lm_loss", "lr", "grad_norm", "tokens_per_sec"):
+      assert isinstance(row.get(key), float), (row["step"], key, row.get(key))
+    assert ("eval_loss" in row) == (row["step"] % 2 == 0), row["step"]
+    for name in MOE_NAMES:
+      assert isinstance(row.get(f"moe/{name}"), float), (row["step"], name)
+      for layer in range(2):  # every layer is MoE in the quickstart
+        assert isinstance(row.get(f"moe/layer{layer}/{name}"), float), (row["step"], layer, name)
+    assert row["moe/drop_fraction"] == 0.0  # dropless
+    assert row["moe/shared_coef"] == 0.0  # mixtral has no shared expert
+    assert abs(row["moe/routed_mass"] - 1.0) < 1e-5  # renormalized top-k
+  assert all(r["tokens_per_sec"] > 0 for r in rows)
+  assert isinstance(rows[-1]["eval_loss"], float) and rows[-1]["eval_loss"] > 0
+
+
+def test_quickstart_checkpoints(quickstart):
+  _, workdir = quickstart
+  ckpts = os.path.join(workdir, "checkpoints")
+  assert sorted(int(d) for d in os.listdir(ckpts) if d.isdigit()) == [2, STEPS]
+  assert os.path.isdir(os.path.join(ckpts, str(STEPS), "state"))
+  assert os.path.isdir(os.path.join(ckpts, str(STEPS), "data"))
+
+
+# ---------------------------------------------------------------- bad input, exit 2
+
+
+def bad_cases(tmp: str) -> dict[str, tuple[list[str], list[str]]]:
+  """name -> (arguments, strings the error line must contain)."""
+  empty = os.path.join(tmp, "empty.txt")
+  open(empty, "w").close()
+  missing = os.path.join(tmp, "no_such_dir", "missing.txt")
+  workdir = ["--workdir", os.path.join(tmp, "w")]
+  files = ["--config.data.corpus=files", "--config.data.format=text"]
+  return {
+    "unknown_key": (["--config.train.nope=1", *workdir], ["train.nope"]),
+    "not_an_int": (["--config.train.steps=abc", *workdir], ["train.steps", "abc"]),
+    "empty_file": ([*files, f"--config.data.paths={empty}", *workdir], [empty]),
+    "missing_file": ([*files, f"--config.data.paths={missing}", *workdir], [missing]),
+    "directory_as_file": ([*files, f"--config.data.paths={tmp}", *workdir], [tmp]),
+    "missing_config_file": (["--config", os.path.join(tmp, "nope.py"), *workdir], ["nope.py"]),
+    "top_k_above_n_experts": (["--config.model.moe.top_k=99", *workdir], ["top_k", "99"]),
+    "unknown_rule": (["--config.model.moe.rule=nope", *workdir], ["rule", "nope"]),
+    "missing_workdir": ([], ["--workdir"]),
+  }
+
+
+CASES = [
+  "unknown_key",
+  "not_an_int",
+  "empty_file",
+  "missing_file",
+  "directory_as_file",
+  "missing_config_file",
+  "top_k_above_n_experts",
+  "unknown_rule",
+  "missing_workdir",
+]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+  """Every bad-input case, run concurrently: name -> CompletedProcess."""
+  tmp = str(tmp_path_factory.mktemp("bad"))
+  cases = bad_cases(tmp)
+  assert list(cases) == CASES
+  procs = {}
+  for name, (args, _) in cases.items():
+    cmd = command(*TINY, *args)
+    if "--config" in args:  # a case that names its own config file
+      i = args.index("--config")
+      cmd = command(*TINY, *args[:i], *args[i + 2 :], config=args[i + 1])
+    procs[name] = (
+      cmd,
+      subprocess.Popen(
+        cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+      ),
+    )
+  out = {}
+  for name, (cmd, p) in procs.items():
+    stdout, stderr = p.communicate(timeout=240)
+    out[name] = subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
+  return tmp, out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_one_line_exit_2(bad_runs, name):
+  tmp, runs = bad_runs
+  _, expected = bad_cases(tmp)[name]
+  assert_user_error(runs[name], *expected)
+  if name != "missing_workdir":
+    assert not os.path.exists(os.path.join(tmp, "w", "checkpoints")), name
+
+
+# ---------------------------------------------------------------- resume guards
+
+
+def test_resume_with_another_d_model_exits_2_and_keeps_checkpoints(quickstart):
+  _, workdir = quickstart
+  before = snapshot(workdir)
+  assert any(k.startswith("checkpoints") for k in before)
+  proc = run_cli(*RUN_ARGS, "--config.model.d_model=48", "--workdir", workdir)
+  line = assert_user_error(proc, "model.d_model", "config.json")
+  assert "48" in line and "32" in line, line
+  assert snapshot(workdir) == before
+
+
+def test_corrupt_checkpoint_exits_2_and_keeps_the_directory(quickstart, tmp_path):
+  _, original = quickstart
+  workdir = str(tmp_path / "corrupt")
+  shutil.copytree(original, workdir)
+  step_dir = os.path.join(workdir, "checkpoints", str(STEPS))
+  state_files = [
+    os.path.join(root, f)
+    for root, _, files in os.walk(os.path.join(step_dir, "state"))
+    for f in files
+  ]
+  biggest = max(state_files, key=os.path.getsize)  # the array data
+  size = os.path.getsize(biggest)
+  assert size > 1000
+  with open(biggest, "r+b") as f:
+    f.truncate(size // 2)
+  before = snapshot(workdir)
+  proc = run_cli(*RUN_ARGS, "--workdir", workdir)  # rerunning the same command resumes
+  assert_user_error(proc, step_dir)
+  assert os.path.isdir(step_dir)
+  assert snapshot(workdir) == before

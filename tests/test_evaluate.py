@@ -1,0 +1,709 @@
+"""The k1:k2 grid (DESIGN.md §2 k2 override, §7): `moejax.grid`, `moejax.kgrid`, and the
+`python -m moejax.evaluate` CLI (run in subprocesses; its absl flags stay out of pytest).
+
+One tiny mixtral-rule model is trained once for the module (checkpoints at steps 15 and
+30). Other merge rules are evaluated on the same parameters by copying the run directory
+and editing `model.moe` in its config.json (the evaluator reads the rule from there; the
+parameter shapes do not depend on the rule). Cell losses are checked against a NumPy
+forward pass written here from the parameters alone, with its own routing formula (no
+moejax.routing, no MoE block).
+
+Every evaluator run compiles one eval step per cell, so the module turns on JAX's
+persistent compilation cache (restored afterwards) and hands the same cache to the CLI
+subprocesses: a cell compiled once is reused by every later run with the same shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.experimental.compilation_cache import compilation_cache
+
+from moejax import checkpoint, grid, kgrid, routing, trainer
+from moejax import config as config_lib
+from moejax.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+K, E = 4, 8  # the trained top-k and expert count
+SEQUENCES, BATCH, RESAMPLES = 16, 8, 1000
+GRID = {"sequences": SEQUENCES, "batch_size": BATCH, "resamples": RESAMPLES, "log": lambda *a: None}
+ROW_KEYS = {"k1", "k2", "loss", "accuracy", "delta", "delta_ci95", "p_value", "routed_mass", "gain"}
+
+
+def tiny_config():
+  c = config_lib.base_config()
+  c.model.update(n_layers=2, d_model=32, d_ff=64, n_heads=2, n_kv_heads=1)
+  c.model.moe.update(rule="mixtral", n_experts=E, top_k=K, d_expert=16)
+  c.data.update(corpus="synthetic", synthetic_docs=400, batch_size=4, seq_len=32)
+  c.train.update(
+    steps=30, ckpt_every=15, eval_every=30, log_every=10, progress=False, eval_sequences=8
+  )
+  c.eval.update(batch_size=8)
+  c.wandb.mode = "disabled"
+  return c
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  """Persistent XLA cache for this module only (restored and reset afterwards)."""
+  names = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+  )
+  old = {n: getattr(jax.config, n) for n in names}
+  cache = str(tmp_path_factory.mktemp("xla_cache"))
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  compilation_cache.reset_cache()
+  yield cache
+  for n, v in old.items():
+    jax.config.update(n, v)
+  compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> str:
+  """A 30-step mixtral run (K=4, E=8) with checkpoints at steps 15 and 30."""
+  workdir = str(tmp_path_factory.mktemp("mixtral"))
+  trainer.train(tiny_config(), workdir, log=lambda *a: None)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["15", "30"]
+  return workdir
+
+
+def variant(src: str, dst, **moe) -> str:
+  """A copy of run `src` (no eval/) whose config.json has `model.moe` fields replaced."""
+  dst = str(dst)
+  shutil.copytree(src, dst, ignore=shutil.ignore_patterns("eval"))
+  path = os.path.join(dst, "config.json")
+  saved = json.loads(read(path))
+  saved["model"]["moe"].update(moe)
+  with open(path, "w") as f:
+    json.dump(saved, f, indent=2)
+  return dst
+
+
+def read(path, mode: str = "r"):
+  with open(path, mode) as f:
+    return f.read()
+
+
+def cells_of(rows):
+  return {(r["k1"], r["k2"]): r for r in rows}
+
+
+def cli(*args, cache: str, argv=None) -> subprocess.Popen:
+  """Starts `python -m moejax.evaluate ARGS` (or `python ARGV`) with this module's XLA cache."""
+  env = dict(
+    os.environ,
+    WANDB_MODE="disabled",
+    JAX_COMPILATION_CACHE_DIR=cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+  )
+  argv = argv or ["-m", "moejax.evaluate", *map(str, args)]
+  return subprocess.Popen(
+    [sys.executable, *argv],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
+  out, err = proc.communicate(timeout=timeout)
+  return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+# Bad invocations (DESIGN.md §7 CLI): each must exit 2 with one `error:` line naming the
+# problem (the expected substring), on a real trained run unless the case is about the dir.
+BAD = {
+  "k1_above_E": (["--k1", "99"], "--k1"),
+  "k1_not_int": (["--k1", "2.5"], "--k1"),
+  "k2_below_k1": (["--k1", "4", "--k2", "1"], "--k2"),
+  "k2_word": (["--k2", "foo"], "--k2"),
+  "resamples_too_few": (["--resamples", "999"], "--resamples"),
+  "missing_step": (["--step", "12345"], "12345"),
+  "no_checkpoint": ([], "checkpoint"),
+  "no_config": ([], "config.json"),
+}
+
+
+@pytest.fixture(scope="module")
+def background(trained, compile_cache, tmp_path_factory):
+  """Subprocesses started early so that they overlap the in-process grids (2 CPU cores).
+
+  Right after training: every bad CLI invocation and the import check. `start_default()`
+  (called once the in-process mixtral grid has filled the compile cache): the default CLI
+  grid on a copy of the run.
+  """
+  base = tmp_path_factory.mktemp("cli")
+  run = variant(trained, base / "bad_run")
+  no_ckpt = base / "no_ckpt"
+  no_ckpt.mkdir()
+  shutil.copy(os.path.join(trained, "config.json"), no_ckpt / "config.json")
+  no_cfg = base / "no_cfg"
+  no_cfg.mkdir()
+  procs = {}
+  for name, (args, _) in BAD.items():
+    workdir = {"no_checkpoint": no_ckpt, "no_config": no_cfg}.get(name, run)
+    procs[name] = cli("--workdir", workdir, *args, "--sequences", SEQUENCES, cache=compile_cache)
+  default_dir = variant(trained, base / "default_run")
+  step_dir = variant(trained, base / "step_run")
+  common = ["--sequences", SEQUENCES, "--batch_size", BATCH, "--resamples", RESAMPLES]
+
+  def start_default():
+    if "default" not in procs:
+      procs["default"] = cli("--workdir", default_dir, *common, cache=compile_cache)
+      procs["step"] = cli(
+        "--workdir",
+        step_dir,
+        "--step",
+        15,
+        "--k1",
+        K,
+        "--k2",
+        "native,E",
+        *common,
+        cache=compile_cache,
+      )
+
+  yield procs, start_default, {"default": default_dir, "step": step_dir}
+  for proc in procs.values():  # only if a test failed before collecting it
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def mixtral_grid(trained, background, tmp_path_factory):
+  """In-process run_grid on the mixtral run: k1 in {4, 2}, k2 in {native, k1, E}."""
+  workdir = variant(trained, tmp_path_factory.mktemp("mixtral_grid") / "run")
+  rows = grid.run_grid(workdir, k1="4,2", k2="native,k1,E", **GRID)
+  background[1]()  # its cells are cached now: start the default CLI grid
+  return workdir, rows
+
+
+@pytest.fixture(scope="module")
+def olmoe_grid(trained, mixtral_grid, tmp_path_factory):
+  """The same parameters under the olmoe rule (softmax, no renormalization)."""
+  workdir = variant(trained, tmp_path_factory.mktemp("olmoe") / "run", rule="olmoe")
+  return workdir, grid.run_grid(workdir, k1="4,2", k2="native,E", **GRID)
+
+
+@pytest.fixture(scope="module")
+def v3_grid(trained, mixtral_grid, tmp_path_factory):
+  """The same parameters under deepseek_v3 (sigmoid, 4 groups keep 2, scale 2.5), K=2."""
+  workdir = variant(
+    trained,
+    tmp_path_factory.mktemp("v3") / "run",
+    rule="deepseek_v3",
+    top_k=2,
+    n_groups=4,
+    topk_groups=2,
+  )
+  return workdir, grid.run_grid(workdir, k1="2", k2="native,K,2K,6,E", **GRID)
+
+
+@pytest.fixture(scope="module")
+def cli_default(background, mixtral_grid):
+  """`python -m moejax.evaluate --workdir DIR` with default k1/k2 on the step-30 run."""
+  procs, start_default, dirs = background
+  start_default()
+  res = finish(procs["default"])
+  out = os.path.join(dirs["default"], "eval")
+  files = {}
+  for name in ("k_grid.jsonl", "k_grid.md", "k_grid.png"):
+    path = os.path.join(out, name)
+    files[name] = read(path, "rb") if os.path.exists(path) else None
+  rows = (
+    [json.loads(l) for l in files["k_grid.jsonl"].decode().splitlines() if l.strip()]
+    if files["k_grid.jsonl"]
+    else []
+  )
+  return res, rows, files
+
+
+@pytest.fixture(scope="module")
+def bad_runs(background):
+  procs = background[0]
+  return {name: finish(procs[name]) for name in BAD}
+
+
+# ---------------------------------------------------------------- independent forward pass
+
+
+def _rms(x, scale, eps=1e-6):
+  return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
+
+
+def _rope(x_BxLxHxK, theta=10000.0):
+  Kd = x_BxLxHxK.shape[-1]
+  inv_F = theta ** (-np.arange(Kd // 2) * 2.0 / Kd)
+  ang_LxF = np.arange(x_BxLxHxK.shape[1])[:, None] * inv_F
+  cos, sin = np.cos(ang_LxF)[None, :, None], np.sin(ang_LxF)[None, :, None]
+  x1, x2 = x_BxLxHxK[..., : Kd // 2], x_BxLxHxK[..., Kd // 2 :]
+  return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def _attention(x_BxLxD, p, H, G):
+  B, L, D = x_BxLxD.shape
+  hd = D // H
+  q = _rope((x_BxLxD @ p["q_proj"]["kernel"]).reshape(B, L, H, hd))
+  k = _rope((x_BxLxD @ p["k_proj"]["kernel"]).reshape(B, L, G, hd))
+  v = (x_BxLxD @ p["v_proj"]["kernel"]).reshape(B, L, G, hd)
+  k, v = np.repeat(k, H // G, axis=2), np.repeat(v, H // G, axis=2)  # head h reads kv h//(H/G)
+  s = np.einsum("blhk,bshk->bhls", q, k) / np.sqrt(hd)
+  s = np.where(np.tril(np.ones((L, L), bool)), s, -np.inf)
+  a = np.exp(s - s.max(-1, keepdims=True))
+  a /= a.sum(-1, keepdims=True)
+  o = np.einsum("bhls,bshk->blhk", a, v).reshape(B, L, H * hd)
+  return o @ p["o_proj"]["kernel"]
+
+
+def _silu(x):
+  return x / (1.0 + np.exp(-x))
+
+
+def my_routing(z_TxE, bias_E, rule: dict, k1: int, k2):
+  """(experts_Txk1, r_Txk1) from logits by DESIGN.md §2, written out by hand.
+
+  Selection order: the (bias-shifted, group-masked) keys, best first; experts outside the
+  kept groups come after every kept one, by their score. k2 sums the scores of the first
+  k2 experts in that order (k2 = k1: the selected set; k2 = E: all experts).
+  """
+  T, En = z_TxE.shape
+  if rule["score"] == "softmax":
+    s = np.exp(z_TxE - z_TxE.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+  else:
+    s = 1.0 / (1.0 + np.exp(-z_TxE))
+  key = s + bias_E if rule.get("selection_bias") else s.copy()
+  kept = np.ones((T, En), bool)
+  if rule.get("n_groups", 1) > 1:
+    g = rule["n_groups"]
+    key_TxGxS = key.reshape(T, g, En // g)
+    group_TxG = np.sort(key_TxGxS, -1)[..., -2:].sum(-1)  # top2_sum
+    best = np.argsort(-group_TxG, -1, kind="stable")[:, : rule["topk_groups"]]
+    keep_TxG = np.zeros((T, g), bool)
+    keep_TxG[np.arange(T)[:, None], best] = True
+    kept = np.repeat(keep_TxG, En // g, axis=1)
+  # sort: kept experts by key (desc), then the masked ones by score (desc)
+  order = np.array(
+    [
+      sorted(range(En), key=lambda e: (not kept[t, e], -(key[t, e] if kept[t, e] else s[t, e])))
+      for t in range(T)
+    ]
+  )
+  sel = order[:, :k1]
+  s_sel = np.take_along_axis(s, sel, -1)
+  if k2 is not None:
+    denom = np.take_along_axis(s, order[:, :k2], -1).sum(-1, keepdims=True)
+  elif rule["norm"] == "sum":
+    denom = s_sel.sum(-1, keepdims=True)
+  else:
+    denom = 1.0
+  return sel, rule.get("scale", 1.0) * s_sel / denom
+
+
+def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2):
+  """Per-sequence loss and accuracy plus per-layer routed mass and routed-output mean square."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), nnx.to_pure_dict(params))
+  r = nnx.to_pure_dict(router)
+  inp, tgt = tokens_BxL1[:, :-1], tokens_BxL1[:, 1:]
+  x = p["embed"]["embedding"][inp]
+  B, L, D = x.shape
+  mass, ms = [], []
+  for i in sorted(p["layers"]):
+    lp = p["layers"][i]
+    x = x + _attention(_rms(x, lp["attn_norm"]["scale"]), lp["attn"], 2, 1)
+    h = _rms(x, lp["mlp_norm"]["scale"]).reshape(B * L, D)
+    mp = lp["mlp"]
+    z = h @ mp["router"]["kernel"]
+    bias = np.asarray(r["layers"][i]["mlp"]["router"]["bias"], np.float64)
+    sel, w = my_routing(z, bias, rule, k1, k2)
+    ex = mp["experts"]
+    y_ExTxD = np.stack(
+      [
+        (_silu(h @ ex["w_gate"][e]) * (h @ ex["w_up"][e])) @ ex["w_down"][e]
+        for e in range(ex["w_gate"].shape[0])
+      ]
+    )
+    y = sum(w[:, j : j + 1] * y_ExTxD[sel[:, j], np.arange(B * L)] for j in range(sel.shape[1]))
+    mass.append(w.sum(-1).mean())
+    ms.append(np.mean(y**2))
+    x = x + y.reshape(B, L, D)
+  hf = _rms(x, p["final_norm"]["scale"])
+  logits = hf @ p["embed"]["embedding"].T
+  logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  nll = logz - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]
+  acc = (logits.argmax(-1) == tgt).astype(np.float64)
+  return {"loss_B": nll.mean(-1), "accuracy_B": acc.mean(-1), "mass": mass, "ms": ms}
+
+
+RULES = {  # DESIGN.md §2 rows, written out (not read from moejax.routing)
+  "mixtral": {"score": "softmax", "norm": "sum"},
+  "olmoe": {"score": "softmax", "norm": "none"},
+  "deepseek_v3": {
+    "score": "sigmoid",
+    "norm": "sum",
+    "scale": 2.5,
+    "selection_bias": True,
+    "n_groups": 4,
+    "topk_groups": 2,
+  },
+}
+
+
+def reference_cells(workdir: str, rule: str, cells) -> dict:
+  """my_forward over the grid's held-out sequences for each cell, from the latest checkpoint."""
+  c = grid.load_config(workdir)
+  run = trainer.build(c, workdir)
+  _, state, _ = checkpoint.restore(checkpoint.manager(workdir), run.state)
+  toks = np.concatenate([np.asarray(b) for b in run.data.eval_batches(SEQUENCES, BATCH)])
+  assert toks.shape == (SEQUENCES, 33)
+  out = {}
+  for k1, k2 in cells:
+    out[(k1, k2)] = my_forward(
+      state["params"], state["router"], toks, RULES[rule], k1, None if k2 == "native" else k2
+    )
+  return out
+
+
+def expected_row(res, ref):
+  return {
+    "loss": res["loss_B"].mean(),
+    "accuracy": res["accuracy_B"].mean(),
+    "delta": (res["loss_B"] - ref["loss_B"]).mean(),
+    "routed_mass": np.mean(res["mass"]),
+    "gain": np.mean(np.sqrt(np.array(res["ms"]) / np.array(ref["ms"]))),
+  }
+
+
+def assert_row_matches(row, exp, what):
+  acc_tol = 1.0 / (SEQUENCES * 32) + 1e-6  # one near-tie argmax flip
+  assert abs(row["loss"] - exp["loss"]) < 1e-4, (what, row["loss"], exp["loss"])
+  assert abs(row["delta"] - exp["delta"]) < 1e-4, (what, row["delta"], exp["delta"])
+  assert abs(row["accuracy"] - exp["accuracy"]) <= acc_tol, (what, row["accuracy"], exp["accuracy"])
+  assert abs(row["routed_mass"] - exp["routed_mass"]) < 1e-5, (
+    what,
+    row["routed_mass"],
+    exp["routed_mass"],
+  )
+  assert abs(row["gain"] - exp["gain"]) < 1e-4 * exp["gain"], (what, row["gain"], exp["gain"])
+
+
+# ---------------------------------------------------------------- pure cell logic
+
+
+def test_default_k1_ladder():
+  assert kgrid.default_k1(8) == [8, 4, 2, 1]
+  assert kgrid.default_k1(4) == [4, 2, 1]
+  assert kgrid.default_k1(6) == [6, 3, 1]
+  assert kgrid.default_k1(1) == [1]
+  assert kgrid.parse_k1("", 4, 8) == [4, 2, 1]
+  assert kgrid.parse_k1("1,4,4", 4, 8) == [4, 1]
+
+
+def test_default_cells_filtered_and_deduplicated():
+  k1s = kgrid.parse_k1("", K, E)
+  got = kgrid.cells(k1s, kgrid.parse_k2("", K, E, k1s), K, E)
+  assert got == [
+    (4, "native"),
+    (4, 4),
+    (4, 8),
+    (2, "native"),
+    (2, 2),
+    (2, 4),
+    (2, 8),
+    (1, "native"),
+    (1, 1),
+    (1, 4),
+    (1, 8),
+  ]
+  # numeric k2 below a k1 is dropped for that k1 only; the reference cell is always there
+  assert kgrid.cells([2, 1], kgrid.parse_k2("1", K, E, [2, 1]), K, E) == [(4, "native"), (1, 1)]
+
+
+@pytest.mark.parametrize("spec", ["99", "0", "2.5", "-1", "a", "4,,2"])
+def test_parse_k1_rejects(spec):
+  with pytest.raises(UserError, match="--k1"):
+    kgrid.parse_k1(spec, K, E)
+
+
+@pytest.mark.parametrize("spec", ["foo", "1", "9", "2.0", "native,k3"])
+def test_parse_k2_rejects(spec):
+  with pytest.raises(UserError, match="--k2"):
+    kgrid.parse_k2(spec, K, E, [4, 2])
+
+
+# ---------------------------------------------------------------- 4: paired statistics of a row
+
+
+def _fake(loss_N, ms=1.0, mass=1.0):
+  return {
+    "loss_N": np.asarray(loss_N),
+    "accuracy_N": np.full(len(loss_N), 0.5),
+    "routed_mass": {0: mass, 1: mass},
+    "routed_ms": {0: ms, 1: 4 * ms},
+  }
+
+
+def test_row_detects_known_shift():
+  rng = np.random.default_rng(0)
+  n, shift = 64, 0.05
+  ref_N = rng.normal(3.0, 0.3, n)
+  loss_N = ref_N + shift + rng.normal(0.0, 0.05, n)
+  row = kgrid.row((2, 8), _fake(loss_N, ms=0.25, mass=0.6), _fake(ref_N), resamples=1000, seed=0)
+  assert row["k1"] == 2 and row["k2"] == 8 and ROW_KEYS <= set(row)
+  assert row["delta"] == pytest.approx(float(np.mean(loss_N - ref_N)), abs=1e-12)
+  assert row["loss"] == pytest.approx(float(loss_N.mean()), abs=1e-12)
+  lo, hi = row["delta_ci95"]
+  assert lo < shift < hi and lo > 0
+  assert row["p_value"] < 0.05
+  assert row["gain"] == pytest.approx(0.5)  # sqrt(0.25 / 1) and sqrt(1 / 4)
+  assert row["routed_mass"] == pytest.approx(0.6)
+  assert row["n_sequences"] == n
+  json.dumps(row)  # rows go to k_grid.jsonl
+
+
+def test_row_ci_coverage_and_null():
+  """Over many synthetic grids the 95% CI covers the true shift ~95% of the time, and a
+  zero shift is rarely called significant."""
+  n, shift, reps = 48, 0.02, 200
+  covered = rejected_null = 0
+  for rep in range(reps):
+    rng = np.random.default_rng(100 + rep)
+    ref_N = rng.normal(3.0, 0.3, n)
+    noise = rng.normal(0.0, 0.05, n)
+    alt = kgrid.row((1, 8), _fake(ref_N + shift + noise), _fake(ref_N), resamples=1000, seed=rep)
+    covered += alt["delta_ci95"][0] <= shift <= alt["delta_ci95"][1]
+    null = kgrid.row((1, 8), _fake(ref_N + noise), _fake(ref_N), resamples=1000, seed=rep)
+    rejected_null += null["p_value"] < 0.05
+  assert 0.90 * reps <= covered <= 0.99 * reps, covered
+  assert rejected_null <= 0.10 * reps, rejected_null
+
+
+def test_reference_row_is_exactly_zero():
+  ref_N = np.random.default_rng(3).normal(3.0, 0.3, 16)
+  row = kgrid.row((K, "native"), _fake(ref_N), _fake(ref_N), resamples=1000, seed=0)
+  assert row["delta"] == 0.0 and row["delta_ci95"] == [0.0, 0.0]
+  assert row["p_value"] == 1.0 and row["gain"] == 1.0
+
+
+# ---------------------------------------------------------------- 1, 2: cells vs an independent forward
+
+
+def test_cell_loss_matches_independent_forward(mixtral_grid):
+  """Cell (k1=2, k2=8) of a mixtral run: r_i = s_i / Σ_{top-8} s over the top-2 experts."""
+  workdir, rows = mixtral_grid
+  got = cells_of(rows)
+  ref = reference_cells(workdir, "mixtral", [(K, "native"), (2, 8)])
+  exp = expected_row(ref[(2, 8)], ref[(K, "native")])
+  assert_row_matches(got[(2, 8)], exp, "(2, 8)")
+  assert_row_matches(
+    got[(K, "native")], expected_row(ref[(K, "native")], ref[(K, "native")]), "(K, native)"
+  )
+  # the cell is not trivially equal to native: half the routed mass is gone
+  assert exp["routed_mass"] < 0.9
+  assert abs(got[(2, 8)]["loss"] - got[(2, "native")]["loss"]) > 1e-6
+
+
+def test_every_mixtral_cell_matches_independent_forward(mixtral_grid):
+  workdir, rows = mixtral_grid
+  got = cells_of(rows)
+  assert set(got) == {(4, "native"), (4, 4), (4, 8), (2, "native"), (2, 2), (2, 8)}
+  ref = reference_cells(workdir, "mixtral", list(got))
+  for cell, row in got.items():
+    assert_row_matches(row, expected_row(ref[cell], ref[(K, "native")]), cell)
+
+
+def test_k2_equal_k1_is_native_for_renormalized_rule(mixtral_grid):
+  got = cells_of(mixtral_grid[1])
+  native = got[(K, "native")]
+  assert native["delta"] == 0.0 and native["gain"] == 1.0 and native["p_value"] == 1.0
+  # p == 1 and a [0, 0] CI only when every per-sequence difference is exactly zero
+  assert got[(K, K)]["delta"] == 0.0 and got[(K, K)]["delta_ci95"] == [0.0, 0.0]
+  assert got[(K, K)]["p_value"] == 1.0 and got[(K, K)]["loss"] == native["loss"]
+  for key in ("loss", "accuracy", "delta", "delta_ci95", "p_value", "routed_mass", "gain"):
+    assert got[(2, 2)][key] == got[(2, "native")][key], key
+  assert got[(2, "native")]["routed_mass"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_k2_equal_E_is_native_for_olmoe(olmoe_grid):
+  workdir, rows = olmoe_grid
+  got = cells_of(rows)
+  assert set(got) == {(4, "native"), (4, 8), (2, "native"), (2, 8)}
+  for k1 in (4, 2):
+    a, b = got[(k1, "native")], got[(k1, E)]
+    assert abs(a["loss"] - b["loss"]) < 1e-5, k1
+    assert abs(a["routed_mass"] - b["routed_mass"]) < 1e-5, k1
+    assert abs(a["gain"] - b["gain"]) < 1e-4, k1
+  assert abs(got[(K, E)]["delta"]) < 1e-5
+  assert max(map(abs, got[(K, E)]["delta_ci95"])) < 1e-5
+  # olmoe does not renormalize: the top-4 of 8 softmax scores carry less than all the mass
+  assert got[(K, "native")]["routed_mass"] < 0.99
+  ref = reference_cells(workdir, "olmoe", list(got))
+  for cell, row in got.items():
+    assert_row_matches(row, expected_row(ref[cell], ref[(K, "native")]), cell)
+
+
+# ---------------------------------------------------------------- 3: sigmoid, group-limited rule
+
+
+def test_sigmoid_rule_routed_mass_follows_top_k2_formula(v3_grid):
+  workdir, rows = v3_grid
+  got = cells_of(rows)
+  assert set(got) == {(2, "native"), (2, 2), (2, 4), (2, 6), (2, 8)}
+  ref = reference_cells(workdir, "deepseek_v3", [(2, "native"), (2, 2), (2, 4), (2, 8)])
+  for cell in [(2, "native"), (2, 2), (2, 4), (2, 8)]:
+    assert_row_matches(got[cell], expected_row(ref[cell], ref[(2, "native")]), cell)
+  m = {k2: got[(2, k2)]["routed_mass"] for k2 in ("native", 2, 4, 8)}
+  assert m["native"] == pytest.approx(2.5, abs=1e-5)  # renormalized, scaled by 2.5
+  assert m[2] == pytest.approx(m["native"], abs=1e-6)  # k2 = k1 = K: the rule's own norm
+  assert m[8] < m[4] < m[2]
+  assert got[(2, 8)]["delta"] != 0.0
+
+
+def test_sigmoid_k2_beyond_kept_groups_uses_best_masked_experts(v3_grid):
+  """k2 = 6 > the 4 experts of the kept groups: the denominator adds the 2 best-scoring
+  experts of the dropped groups (the routed mass must not depend on expert numbering)."""
+  workdir, rows = v3_grid
+  row = cells_of(rows)[(2, 6)]
+  ref = reference_cells(workdir, "deepseek_v3", [(2, "native"), (2, 6)])
+  exp = expected_row(ref[(2, 6)], ref[(2, "native")])
+  assert abs(row["routed_mass"] - exp["routed_mass"]) < 1e-4, (
+    row["routed_mass"],
+    exp["routed_mass"],
+  )
+  assert abs(row["loss"] - exp["loss"]) < 1e-4, (row["loss"], exp["loss"])
+
+
+def test_k2_override_independent_of_expert_numbering():
+  """The same failure at the routing level: relabeling experts (swapping two groups) must not
+  change Σ r_i when k2 reaches past the kept groups."""
+  rule = dataclasses.replace(routing.RULES["deepseek_v3"], n_groups=4, topk_groups=2)
+  z = np.array([[3.0, 2.9, -5.0, -6.0, 2.0, 1.9, 1.0, 0.5]], np.float32)  # keeps groups 0, 2
+  perm = [0, 1, 6, 7, 4, 5, 2, 3]  # swap the dropped groups 1 and 3
+  a = float(routing.route(jnp.asarray(z), rule, 2, k2=6).weights_TxK.sum())
+  b = float(routing.route(jnp.asarray(z[:, perm]), rule, 2, k2=6).weights_TxK.sum())
+  s = 1 / (1 + np.exp(-z[0].astype(np.float64)))
+  want = 2.5 * (s[0] + s[1]) / s[[0, 1, 4, 5, 6, 7]].sum()  # kept + the 2 best dropped
+  assert a == pytest.approx(b, abs=1e-6), (a, b)
+  assert a == pytest.approx(want, abs=1e-5), (a, want)
+
+
+# ---------------------------------------------------------------- 7: determinism
+
+
+def test_run_grid_deterministic(mixtral_grid):
+  workdir, rows = mixtral_grid
+  first = read(os.path.join(workdir, "eval", "k_grid.jsonl"))
+  again = grid.run_grid(workdir, k1="4,2", k2="native,k1,E", **GRID)
+  assert again == rows
+  assert read(os.path.join(workdir, "eval", "k_grid.jsonl")) == first
+  # a cell's row does not depend on which other cells run
+  subset = cells_of(grid.run_grid(workdir, k1="2", k2="8", **GRID))
+  assert set(subset) == {(K, "native"), (2, 8)}
+  for cell, row in subset.items():
+    assert row == cells_of(rows)[cell], cell
+
+
+# ---------------------------------------------------------------- 5: the CLI end to end
+
+
+def test_cli_default_grid(cli_default, mixtral_grid):
+  res, rows, files = cli_default
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "Traceback" not in res.stderr
+  got = cells_of(rows)
+  assert len(got) == len(rows)  # no duplicate cells
+  for r in rows:
+    assert ROW_KEYS <= set(r), set(r) ^ ROW_KEYS
+    assert isinstance(r["k1"], int) and (r["k2"] == "native" or isinstance(r["k2"], int))
+    assert r["step"] == 30
+    lo, hi = r["delta_ci95"]
+    assert lo <= r["delta"] <= hi and 0.0 <= r["p_value"] <= 1.0
+    assert all(np.isfinite([r["loss"], r["accuracy"], r["routed_mass"], r["gain"]]))
+  # default k1 = {K, K/2, ..., 1}; k2 per k1 = {native, k1, K, 2K, E} ∩ [k1, E], deduplicated
+  assert sorted({r["k1"] for r in rows}, reverse=True) == [4, 2, 1]
+  for k1 in (4, 2, 1):
+    want = {"native"} | {k2 for k2 in (k1, K, 2 * K, E) if k1 <= k2 <= E}
+    assert {k2 for a, k2 in got if a == k1} == want, k1
+  native = got[(K, "native")]
+  assert native["delta"] == 0.0 and native["gain"] == 1.0
+  assert native["delta_ci95"] == [0.0, 0.0] and native["p_value"] == 1.0
+  # same cells as the in-process run on the same checkpoint, bit for bit
+  for cell, row in cells_of(mixtral_grid[1]).items():
+    assert got[cell] == row, cell
+  md, png = files["k_grid.md"], files["k_grid.png"]
+  assert md and md.decode().startswith("# ") and md.decode().count("\n| ") >= len(rows)
+  assert png and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+  assert md.decode() in res.stdout  # the table is printed
+
+
+def test_cli_step_selects_older_checkpoint(background, cli_default):
+  """`--step 15 --k1 4 --k2 native,E` on a run with checkpoints 15 and 30."""
+  procs, _, dirs = background
+  res = finish(procs["step"])
+  workdir = dirs["step"]
+  assert res.returncode == 0, res.stderr[-3000:]
+  rows = [json.loads(l) for l in read(os.path.join(workdir, "eval", "k_grid.jsonl")).splitlines()]
+  assert {(r["k1"], r["k2"]) for r in rows} == {(K, "native"), (K, E)}
+  assert all(r["step"] == 15 for r in rows)
+  latest = cells_of(cli_default[1])[(K, "native")]
+  assert abs(cells_of(rows)[(K, "native")]["loss"] - latest["loss"]) > 1e-4
+
+
+# ---------------------------------------------------------------- 6: bad values
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_cli_bad_values_exit_2_one_line(bad_runs, name):
+  res = bad_runs[name]
+  lines = res.stderr.strip().splitlines()
+  assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+  assert "Traceback" not in res.stderr
+  assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+  assert BAD[name][1] in lines[0], lines[0]
+
+
+def test_train_cli_runs_grid_after_training(trained, compile_cache, cli_default, tmp_path):
+  """`python -m moejax.train` with eval.after_train (configs/quickstart.py) ends with the
+  same grid as the evaluator CLI. The run is already at train.steps, so it only evaluates."""
+  workdir = variant(trained, tmp_path / "run")
+  config_file = tmp_path / "tiny.py"
+  config_file.write_text(
+    f"from moejax import config as config_lib\n\nK, E = {K}, {E}\n\n\n"
+    + inspect.getsource(tiny_config)
+    + "\n\ndef get_config():\n  c = tiny_config()\n"
+    + f"  c.eval.update(after_train=True, sequences={SEQUENCES}, batch_size={BATCH},\n"
+    + f"                bootstrap_resamples={RESAMPLES})\n  return c\n"
+  )
+  res = finish(
+    cli(
+      cache=compile_cache,
+      argv=["-m", "moejax.train", "--config", str(config_file), "--workdir", workdir],
+    )
+  )
+  assert res.returncode == 0, res.stderr.strip().splitlines()[-1:]
+  assert "Traceback" not in res.stderr
+  rows = [json.loads(l) for l in read(os.path.join(workdir, "eval", "k_grid.jsonl")).splitlines()]
+  assert rows == cli_default[1]

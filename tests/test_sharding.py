@@ -1,0 +1,196 @@
+"""Data-parallel training on 8 (host) devices equals training on one (moejax.sharding).
+
+The main pytest process may have initialized JAX with one device already, so the check
+runs as a script in a subprocess with `--xla_force_host_platform_device_count=8`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent(r'''
+  import json, sys
+  import jax, jax.numpy as jnp, numpy as np
+  from moejax import config as config_lib, optim, sharding, trainer, step as step_lib
+  from moejax.errors import UserError
+
+  assert jax.device_count() == 8, jax.devices()
+
+  def config(**values):
+    c = config_lib.base_config()
+    base = {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.n_heads": 2,
+            "model.n_kv_heads": 1, "model.moe.d_expert": 32, "data.corpus": "synthetic",
+            "data.synthetic_docs": 200, "data.batch_size": 8, "data.seq_len": 16,
+            "optim.warmup_steps": 0, "train.steps": 10, "wandb.mode": "disabled",
+            # Adam's g/(|g| + eps) turns rounding-level gradient differences of near-zero
+            # gradients into O(lr) parameter differences; a large eps keeps the comparison
+            # at the gradients' precision.
+            "optim.eps": 1e-3}
+    for dotted, v in {**base, **values}.items():
+      *parents, leaf = dotted.split(".")
+      node = c
+      for p in parents:
+        node = node[p]
+      assert leaf in node, dotted
+      node[leaf] = v
+    return c
+
+  def loss_config(c, n_shards):
+    return step_lib.LossConfig(
+        balance_weight=c.loss.balance_weight, balance_granularity=c.loss.balance_granularity,
+        z_loss_weight=c.loss.z_loss_weight, bias_update_rate=c.loss.bias_update_rate,
+        n_shards=n_shards, grad_accum=c.train.grad_accum)
+
+  def two_steps(c):
+    """2 steps on the mesh of c (as trainer.train jits them) and on one device, unsharded."""
+    run = trainer.build(c, None)
+    tx, schedule = optim.optimizer(c)
+    tokens = np.asarray(next(run.data.train_iterator())["tokens"])
+    host_state = jax.device_get(run.state)
+    out = {"mesh": dict(run.mesh.shape)}
+
+    # Sharded, exactly as trainer.train runs it.
+    shardings = sharding.state_sharding(run.state, run.mesh)
+    lc = loss_config(c, sharding.data_shards(run.mesh))
+    fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
+                 out_shardings=(shardings, None))
+    batch = jax.device_put(tokens, sharding.batch_sharding(run.mesh))
+    out["batch_devices"] = len(batch.sharding.device_set)
+    out["batch_shards"] = sorted({tuple(s.data.shape) for s in batch.addressable_shards})
+    out["batch_n_shards"] = len(batch.addressable_shards)
+    out["batch_replicated"] = batch.sharding.is_fully_replicated
+    state = run.state
+    for i in range(2):
+      state, m = fn(state, batch, jax.random.key(i))
+    sharded = jax.device_get(state)
+    out["loss"] = [float(m["loss"])]
+    expert_w = [x for path, x in jax.tree_util.tree_leaves_with_path(state["params"])
+                if "experts" in jax.tree_util.keystr(path)][0]
+    out["expert_w_axis0"] = expert_w.sharding.spec[0] if expert_w.sharding.spec else None
+    out["expert_w_shards"] = sorted({tuple(x.data.shape) for x in expert_w.addressable_shards})
+    out["grad_norm"] = [float(m["grad_norm"])]
+
+    # One device, no shardings.
+    dev0 = jax.devices()[0]
+    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, loss_config(c, 1), schedule))
+    ref = jax.device_put(host_state, dev0)
+    ref_batch = jax.device_put(tokens, dev0)
+    for i in range(2):
+      ref, m = ref_fn(ref, ref_batch, jax.random.key(i))
+    out["ref_devices"] = len({d for x in jax.tree.leaves(ref) for d in x.sharding.device_set})
+    ref = jax.device_get(ref)
+    out["loss"].append(float(m["loss"]))
+    out["grad_norm"].append(float(m["grad_norm"]))
+
+    worst = 0.0  # max over params of |a - b| / (|b| + 0.01), elementwise
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(sharded["params"]),
+                            jax.tree.leaves(ref["params"])):
+      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+      err = float(np.max(np.abs(a - b) / (np.abs(b) + 0.01)))
+      if err >= worst:
+        worst, out["worst_leaf"] = err, jax.tree_util.keystr(path)
+    out["max_rel_diff"] = worst
+    out["router_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                              zip(jax.tree.leaves(sharded["router"]), jax.tree.leaves(ref["router"])))
+    out["params_moved"] = bool(any(
+        not np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(sharded["params"]), jax.tree.leaves(host_state["params"]))))
+    biases = [np.asarray(x) for x in jax.tree.leaves(sharded["router"])]
+    out["bias_moved"] = bool(any(np.abs(b).max() > 0 for b in biases))
+    return out
+
+  results = {
+      # 8-way data parallel, batch 8: one sequence per device.
+      "data8": two_steps(config(**{"mesh.data": 8})),
+      # data x fsdp, gradient accumulation (two-pass global f), DeepSeek-V3 bias updates.
+      "fsdp_accum_bias": two_steps(config(**{
+          "mesh.data": 4, "mesh.fsdp": 2, "data.batch_size": 16, "train.grad_accum": 2,
+          "model.moe.rule": "deepseek_v3", "model.moe.n_groups": 4,
+          "model.moe.topk_groups": 2, "model.moe.d_shared": 32,
+          "loss.bias_update_rate": 0.01})),
+      # experts sharded over 2 devices.
+      "expert2": two_steps(config(**{"mesh.data": 4, "mesh.expert": 2})),
+  }
+  try:
+    trainer.build(config(**{"mesh.data": 3}), None)
+    results["mesh3_error"] = None
+  except UserError as e:
+    results["mesh3_error"] = str(e)
+  print("RESULTS " + json.dumps(results))
+''')
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  script = tmp_path_factory.mktemp("sharding") / "sharded_vs_single.py"
+  script.write_text(SCRIPT)
+  env = {
+    **os.environ,
+    "WANDB_MODE": "disabled",
+    "JAX_PLATFORMS": "cpu",
+    "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+    "XLA_FLAGS": (
+      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip(),
+  }
+  proc = subprocess.run(
+    [sys.executable, str(script)],
+    check=False,
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
+  assert len(lines) == 1, proc.stdout[-2000:]
+  return json.loads(lines[0][len("RESULTS ") :])
+
+
+def test_batch_is_split_over_8_devices(results):
+  r = results["data8"]
+  assert r["mesh"] == {"data": 8, "fsdp": 1, "expert": 1}
+  assert r["batch_devices"] == 8 and r["batch_n_shards"] == 8
+  assert not r["batch_replicated"]
+  assert r["batch_shards"] == [[1, 17]]  # one of the 8 sequences (16 + 1 tokens) each
+  assert r["ref_devices"] == 1
+
+
+@pytest.mark.parametrize("name", ["data8", "fsdp_accum_bias", "expert2"])
+def test_sharded_steps_match_one_device(results, name):
+  r = results[name]
+  assert r["params_moved"]
+  assert r["max_rel_diff"] < 1e-5, (r["max_rel_diff"], r.get("worst_leaf"))
+  assert r["router_equal"]  # bias updates from global-batch loads (integer counts)
+  for key in ("loss", "grad_norm"):
+    sharded, single = r[key]
+    assert abs(sharded - single) <= 1e-5 * abs(single), (key, sharded, single)
+
+
+def test_fsdp_and_expert_meshes(results):
+  r = results["fsdp_accum_bias"]
+  assert r["mesh"] == {"data": 4, "fsdp": 2, "expert": 1}
+  assert r["batch_shards"] == [[2, 17]]  # 16 sequences over data x fsdp = 8
+  assert r["bias_moved"]
+  e = results["expert2"]
+  assert e["mesh"] == {"data": 4, "fsdp": 1, "expert": 2}
+  assert e["expert_w_axis0"] == "expert"
+  assert e["expert_w_shards"] == [[4, 32, 32]]  # 8 experts over 2: 4 per device
+  assert results["data8"]["expert_w_shards"] == [[8, 32, 32]]
+  assert e["batch_shards"] == [[2, 17]]  # replicated over `expert`, split over data
+
+
+def test_mesh_that_does_not_fit_the_devices_is_a_user_error(results):
+  message = results["mesh3_error"]
+  assert message is not None, "mesh.data=3 on 8 devices was accepted"
+  assert "mesh.data" in message and "8" in message, message
+  assert "\n" not in message
