@@ -1,6 +1,6 @@
 """MoEBlock forward+backward time over a dense SwiGLU FFN of width K·f on the same tokens.
 
-Run: python benchmarks/moe_layer.py [--repeats 7] [--block 64]
+Run: python benchmarks/moe_layer.py [--repeats 7] [--block 32]
 Prints one row per (T, d, f, E, K) with the ratios dropless/dense and capacity(1.25)/dense,
 measured interleaved in the same process.
 """
@@ -40,7 +40,7 @@ def fwd_bwd(module: nnx.Module, x_TxD: jax.Array, is_moe: bool):
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--repeats", type=int, default=7)
-  p.add_argument("--block", type=int, default=64)
+  p.add_argument("--block", type=int, default=32)
   args = p.parse_args()
   print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")
   print("T     d   f   E  K  | dense ms | dropless/dense | capacity1.25/dense")

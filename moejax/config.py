@@ -53,7 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
       group_size=0,
       second_expert="all",
       impl="auto",
-      block_size=64,
+      block_size=32,
       jitter_eps=0.0,
       n_groups=0,
       topk_groups=0,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError
-from moejax.grouped import grouped_swiglu
+from moejax.grouped import Blocks, grouped_swiglu
 from moejax.permute import take_rows
 
 MODES = ("dropless", "capacity")
@@ -61,30 +61,50 @@ def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) ->
   return Plan(row_of_A, token_of_R, assign_of_R, kept_A)
 
 
-def dropless_plan(
-  experts_TxK: jax.Array, n_experts: int, block: int
-) -> tuple[Plan, jax.Array, jax.Array]:
-  """Sorts assignments by expert and pads each expert's run to a multiple of `block`.
+def block_sizes(block: int, n_assignments: int) -> tuple[int, ...]:
+  """Static block sizes for the CPU grouped loop: large blocks for the bulk of each
+  expert's rows, `block` (the padding granularity) for the tail; none above T·K."""
+  return tuple(s for s in (16 * block, 4 * block) if s <= n_assignments) + (block,)
 
-  Returns the plan, the expert id of every block and the per-expert counts. The buffer has a static
-  R = roundup(A + E·(block−1), block) rows, the worst case over all routings.
+
+def dropless_plan(
+  experts_TxK: jax.Array, n_experts: int, sizes: tuple[int, ...]
+) -> tuple[Plan, list[Blocks], jax.Array]:
+  """Sorts assignments by expert, pads each expert's run to a multiple of `sizes[-1]` and
+  covers it greedily with blocks of the given sizes (each a multiple of the next).
+
+  Returns the plan, one `Blocks` per size and the per-expert counts. The buffer has a
+  static R = roundup(A + E·(small−1), small) rows, the worst case over all routings.
   """
   T, K = experts_TxK.shape
-  A, E = T * K, n_experts
+  A, E, small = T * K, n_experts, sizes[-1]
   e_A = jnp.asarray(experts_TxK).reshape(A)
   order_A = jnp.argsort(e_A, stable=True)
   counts_E = jnp.bincount(e_A, length=E)
-  padded_E = (counts_E + block - 1) // block * block
-  pad_end_E = jnp.cumsum(padded_E)
+  padded_E = (counts_E + small - 1) // small * small
+  start_E = jnp.cumsum(padded_E) - padded_E
   e_sorted_A = e_A[order_A]
   rank_A = jnp.arange(A) - (jnp.cumsum(counts_E) - counts_E)[e_sorted_A]
-  row_sorted_A = (pad_end_E - padded_E)[e_sorted_A] + rank_A
-  row_of_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A.astype(jnp.int32))
-  n_rows = -(-(A + E * (block - 1)) // block) * block
-  block_starts = jnp.arange(n_rows // block) * block
-  expert_of_block = jnp.minimum(jnp.searchsorted(pad_end_E, block_starts, side="right"), E - 1)
+  row_sorted_A = (start_E[e_sorted_A] + rank_A).astype(jnp.int32)
+  row_of_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)
+  n_rows = -(-(A + E * (small - 1)) // small) * small
   plan = _finish_plan(row_of_A, jnp.ones((A,), bool), n_rows, K)
-  return plan, expert_of_block.astype(jnp.int32), counts_E
+
+  blocks, offset_E, prev = [], jnp.zeros_like(counts_E), None
+  for size in sizes:
+    rem_E = counts_E - offset_E
+    n_E = (rem_E + size - 1) // size if size == small else rem_E // size
+    bound = A // size if prev is None else min(-(-A // size) + E, E * (prev // size))
+    if size == small and prev is None:
+      bound = -(-A // size) + E
+    cum_E = jnp.cumsum(n_E)
+    b_N = jnp.arange(max(bound, 1))
+    e_N = jnp.minimum(jnp.searchsorted(cum_E, b_N, side="right"), E - 1)
+    j_N = b_N - (cum_E - n_E)[e_N]
+    start_N = start_E[e_N] + offset_E[e_N] + j_N * size
+    blocks.append(Blocks(start_N.astype(jnp.int32), e_N.astype(jnp.int32), cum_E[-1]))
+    offset_E, prev = offset_E + n_E * size, size
+  return plan, blocks, counts_E
 
 
 def capacity(
@@ -170,7 +190,7 @@ def dropless(
   ex: ExpertWeights,
   *,
   impl: str = "auto",
-  block: int = 64,
+  block: int = 32,
 ) -> jax.Array:
   """Computes every assignment: sort by expert, one grouped SwiGLU, unsort and combine."""
   T, K = experts_TxK.shape
@@ -178,14 +198,14 @@ def dropless(
   impl = resolve_impl(impl)
   ex = _cast(ex, x_TxD.dtype)
   if impl == "ragged":
-    plan, _, counts_E = dropless_plan(experts_TxK, E, 1)
+    plan, _, counts_E = dropless_plan(experts_TxK, E, (1,))
     x_AxD = _expand(x_TxD, plan, K)
     dot = lambda a, w: jax.lax.ragged_dot(a, w, counts_E.astype(jnp.int32))
     h_AxF = jax.nn.silu(dot(x_AxD, ex.w_gate_ExDxF)) * dot(x_AxD, ex.w_up_ExDxF)
     return _combine(dot(h_AxF, ex.w_down_ExFxD), plan, weights_TxK)
-  plan, expert_N, counts_E = dropless_plan(experts_TxK, E, block)
-  n_used = ((counts_E + block - 1) // block).sum()
-  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, expert_N, n_used, block)
+  sizes = block_sizes(block, T * K)
+  plan, blocks, _ = dropless_plan(experts_TxK, E, sizes)
+  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, blocks, sizes)
   return _combine(y_RxD, plan, weights_TxK)
 
 
@@ -206,9 +226,9 @@ def capacity_dispatch(
   plan = capacity_plan(experts_TxK, priority_TxK, E, cap, group_size, keep_TxK)
   ex = _cast(ex, x_TxD.dtype)
   expert_N = jnp.tile(jnp.arange(E, dtype=jnp.int32), T // group_size)
-  y_RxD = grouped_swiglu(
-    _expand(x_TxD, plan, K), *ex, expert_N, jnp.asarray(expert_N.shape[0]), cap
-  )
+  N = expert_N.shape[0]
+  blocks = Blocks(jnp.arange(N, dtype=jnp.int32) * cap, expert_N, jnp.asarray(N, jnp.int32))
+  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, [blocks], (cap,))
   y_TxD = _combine(y_RxD, plan, weights_TxK)
   return y_TxD, plan.kept_A.reshape(T, K)
 

@@ -40,7 +40,7 @@ class MoEConfig:
   group_size: int | None = None
   second_expert: str = "all"
   impl: str = "auto"
-  block_size: int = 64
+  block_size: int = 32
   jitter_eps: float = 0.0
   dtype: str = "float32"
   init_std: float = 0.02
