@@ -7,7 +7,11 @@ the previous good checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
+import threading
 from typing import Any
 
 import jax
@@ -36,6 +40,28 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -
   mngr.wait_until_finished()
 
 
+@contextlib.contextmanager
+def _native_stderr_muted_on_failure():
+  """When orbax fails to read one array, its other in-flight reads fail later on a closed
+  event loop and tensorstore prints their tracebacks from C++ straight to fd 2, burying
+  the one-line error. During a restore fd 2 goes to /dev/null; on success it is put
+  back, on failure it stays muted and Python's sys.stderr writes to the real stderr."""
+  sys.stderr.flush()
+  real_fd, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  os.close(devnull)
+  try:
+    yield
+  except BaseException:
+    sys.stderr = os.fdopen(real_fd, "w", buffering=1)
+    logging.getLogger("concurrent.futures").setLevel(logging.CRITICAL)
+    threading.excepthook = lambda args: None
+    sys.unraisablehook = lambda unraisable: None
+    raise
+  os.dup2(real_fd, 2)
+  os.close(real_fd)
+
+
 def restore(
   mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
 ) -> tuple[int, Any, dict]:
@@ -55,10 +81,13 @@ def restore(
     )
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
   try:
-    out = mngr.restore(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
-    )
+    with _native_stderr_muted_on_failure():
+      out = mngr.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
+        ),
+      )
   except Exception as e:  # orbax raises many types for truncated or foreign files
     reason = " ".join(str(e).split())[:200]
     raise UserError(

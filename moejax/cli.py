@@ -6,6 +6,7 @@ anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Callable
@@ -16,9 +17,15 @@ from moejax.errors import UserError
 
 
 def fail(message: str, code: int = 2) -> None:
-  """Prints `error: message` on one line to stderr and exits."""
+  """Prints `error: message` on one line to stderr and exits at once.
+
+  `os._exit` skips interpreter teardown, where orbax's abandoned restore coroutines would
+  print tracebacks; every checkpoint write has already completed (saves are synchronous).
+  """
   print("error: " + " ".join(str(message).split()), file=sys.stderr)
-  sys.exit(code)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
 
 
 def _unknown_key(argv: list[str], cfg) -> str | None:

@@ -162,50 +162,15 @@ class MoEBlock(nnx.Module):
     if cfg.second_expert == "random" and train and rng_second is not None and k >= 2:
       keep_TxK = dsp.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
-    ex = self.experts.weights()
-    if cfg.dispatch == "dropless":
-      w_TxK = ro.weights_TxK if keep_TxK is None else ro.weights_TxK * keep_TxK
-      routed_TxD = dsp.dropless(x_c, ro.experts_TxK, w_TxK, ex, impl=cfg.impl, block=cfg.block_size)
-      kept_TxK = jnp.ones(ro.experts_TxK.shape, bool) if keep_TxK is None else keep_TxK
-    else:
-      G = cfg.group_size or T
-      dsp.validate_dispatch(
-        cfg.dispatch,
-        cfg.drop_policy,
-        cfg.second_expert,
-        cfg.impl,
-        cfg.capacity_factor,
-        cfg.eval_capacity_factor,
-        cfg.min_capacity,
-        G,
-        T,
-      )
-      factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
-      cap = dsp.capacity(factor, k, G, E, cfg.min_capacity)
-      if cfg.drop_policy == "position":
-        pri_TxK = dsp.position_priority(T, k, G)
-      else:
-        pri_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, -1)
-      routed_TxD, kept_TxK = dsp.capacity_dispatch(
-        x_c,
-        ro.experts_TxK,
-        ro.weights_TxK,
-        ex,
-        cap=cap,
-        group_size=G,
-        priority_TxK=pri_TxK,
-        keep_TxK=keep_TxK,
-      )
-
-    y_TxD = routed_TxD
-    coef_T = jnp.zeros((T,), jnp.float32)
+    routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK)
+    y_TxD, coef_T = routed_TxD, jnp.zeros((T,), jnp.float32)
     if cfg.d_shared > 0 and rule.shared != "none":
       gate_T = None
       if rule.shared == "sigmoid":
         gate_T = (x_TxD.astype(jnp.float32) @ self.shared_gate.kernel[...])[:, 0]
       coef_T = routing.shared_coefficient(rule, K, gate_T, T)
-      shared_TxD = self.shared(x_c)
-      y_TxD = y_TxD + (coef_T[:, None] * shared_TxD.astype(jnp.float32)).astype(y_TxD.dtype)
+      shared_TxD = self.shared(x_c).astype(jnp.float32)
+      y_TxD = y_TxD + (coef_T[:, None] * shared_TxD).astype(y_TxD.dtype)
 
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
     assign_TxE = jax.nn.one_hot(ro.experts_TxK, E, dtype=jnp.float32).sum(1)
@@ -214,6 +179,35 @@ class MoEBlock(nnx.Module):
     )
     stats = {"probs": probs_TxE.reshape(*lead, E), "assign": assign_TxE.reshape(*lead, E)}
     return y_TxD.reshape(*lead, D).astype(x.dtype), aux, stats
+
+  def _routed(self, x_TxD, ro: routing.Routing, k: int, train: bool, keep_TxK):
+    """Σ r_i·Expert_i(x) by the configured dispatch; returns (routed_TxD, kept_TxK)."""
+    cfg, T, E = self.cfg, x_TxD.shape[0], self.cfg.n_experts
+    ex = self.experts.weights()
+    if cfg.dispatch == "dropless":
+      w_TxK = ro.weights_TxK if keep_TxK is None else ro.weights_TxK * keep_TxK
+      y_TxD = dsp.dropless(x_TxD, ro.experts_TxK, w_TxK, ex, impl=cfg.impl, block=cfg.block_size)
+      kept_TxK = jnp.ones(ro.experts_TxK.shape, bool) if keep_TxK is None else keep_TxK
+      return y_TxD, kept_TxK
+    G = cfg.group_size or T
+    if T % G:
+      raise UserError(f"moe.group_size={G} is not allowed; it must divide the {T} tokens per call")
+    factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
+    cap = dsp.capacity(factor, k, G, E, cfg.min_capacity)
+    if cfg.drop_policy == "position":
+      pri_TxK = dsp.position_priority(T, k, G)
+    else:  # batch-prioritized: an assignment's own router score
+      pri_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, -1)
+    return dsp.capacity_dispatch(
+      x_TxD,
+      ro.experts_TxK,
+      ro.weights_TxK,
+      ex,
+      cap=cap,
+      group_size=G,
+      priority_TxK=pri_TxK,
+      keep_TxK=keep_TxK,
+    )
 
 
 def diagnostics(

@@ -189,32 +189,35 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   last_saved, t0, t_last, step_last = start, time.time(), time.time(), start
   eval_loss = None
   end = c.train.stop_at or c.train.steps
-  for step in range(start, end):
-    tokens = jax.device_put(next(it)["tokens"], batch_sharding)
-    state, metrics = train_step(state, tokens, jax.random.fold_in(rng, step))
-    done = step + 1
-    is_last = done == end
-    if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
-      row = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-        raise Diverged(
-          f"loss {row['loss']}, grad norm {row['grad_norm']} at step {done}; stopped. The "
-          f"last good checkpoint is {workdir}/checkpoints/{last_saved}"
-        )
-      now = time.time()
-      row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
-      t_last, step_last = now, done
-      if done % c.train.eval_every == 0 or is_last:
-        eval_loss = row["eval_loss"] = held_out_loss(eval_step, state, eval_batches)
-      if done % c.train.log_every == 0 or is_last:
-        tracker.log({"step": done, **row})
-        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
-      if done % c.train.ckpt_every == 0 or is_last:
-        checkpoint.save(mngr, done, state, it.get_state())
-        last_saved = done
-    bar.update(1)
-  bar.close()
-  tracker.finish()
+  try:
+    for step in range(start, end):
+      tokens = jax.device_put(next(it)["tokens"], batch_sharding)
+      state, metrics = train_step(state, tokens, jax.random.fold_in(rng, step))
+      done = step + 1
+      is_last = done == end
+      if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
+        row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+          raise Diverged(
+            f"loss {row['loss']}, grad norm {row['grad_norm']} at step {done}; stopped. The "
+            f"last good checkpoint is {workdir}/checkpoints/{last_saved}"
+          )
+        now = time.time()
+        row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
+        t_last, step_last = now, done
+        if done % c.train.eval_every == 0 or is_last:
+          eval_loss = row["eval_loss"] = held_out_loss(eval_step, state, eval_batches)
+        if done % c.train.log_every == 0 or is_last:
+          tracker.log({"step": done, **row})
+          bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
+        if done % c.train.ckpt_every == 0 or is_last:
+          checkpoint.save(mngr, done, state, it.get_state())
+          last_saved = done
+      bar.update(1)
+  finally:  # also on Diverged / Ctrl-C: no orbax or wandb threads left behind
+    bar.close()
+    mngr.close()
+    tracker.finish()
   summary = {
     "workdir": workdir,
     "steps": c.train.steps,
