@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import subprocess
 from typing import Any
 
@@ -34,7 +35,7 @@ def _wandb_mode(mode: str) -> str:
   try:
     import wandb  # pylint: disable=import-outside-toplevel
 
-    return "online" if wandb.api.api_key else "offline"
+    return "online" if wandb.login(prompt=False, verify=False) else "offline"
   except Exception:  # no key store, no network: offline is always safe
     return "offline"
 
@@ -67,7 +68,7 @@ class Tracker:
 
     mode = _wandb_mode(mode)
     id_path = os.path.join(workdir, "wandb_run_id")
-    run_id = open(id_path).read().strip() if os.path.exists(id_path) else wandb.util.generate_id()
+    run_id = open(id_path).read().strip() if os.path.exists(id_path) else secrets.token_hex(4)
     self.run = wandb.init(
       project=project,
       entity=entity or None,
