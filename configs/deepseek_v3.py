@@ -21,7 +21,7 @@ from moejax import config as config_lib
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = config_lib.base_config()
+  c = config_lib.preset_base()
   n_shared, d_expert, top_k = 1, 32, 4
   c.model.update(
     d_model=64,
@@ -46,7 +46,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.update(
     balance_weight=0.0001, balance_granularity="sequence", z_loss_weight=0.0, bias_update_rate=0.001
   )
-  c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
-  c.train.update(steps=300, eval_every=100, ckpt_every=100)
-  c.optim.update(warmup_steps=30)
   return c

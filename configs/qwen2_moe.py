@@ -20,7 +20,7 @@ from moejax import config as config_lib
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = config_lib.base_config()
+  c = config_lib.preset_base()
   d_expert = 32
   c.model.update(
     d_model=64,
@@ -41,7 +41,4 @@ def get_config() -> ml_collections.ConfigDict:
     dispatch="dropless",
   )
   c.loss.update(balance_weight=0.001, balance_granularity="micro_batch", z_loss_weight=0.0)
-  c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
-  c.train.update(steps=300, eval_every=100, ckpt_every=100)
-  c.optim.update(warmup_steps=30)
   return c

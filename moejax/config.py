@@ -97,6 +97,16 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def preset_base() -> ml_collections.ConfigDict:
+  """`base_config()` at the scale every architecture preset shares: byte-level stdlib,
+  16 × 128 tokens per step, 300 steps. Presets then set the architecture and losses."""
+  c = base_config()
+  c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
+  c.train.update(steps=300, eval_every=100, ckpt_every=100)
+  c.optim.update(warmup_steps=30)
+  return c
+
+
 def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
   """Builds the MoEConfig, applying group overrides to the named rule."""
   m = c.model.moe
