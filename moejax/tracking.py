@@ -30,8 +30,11 @@ def git_commit() -> str:
 
 
 def _wandb_mode(mode: str) -> str:
+  """`auto`: the WANDB_MODE environment variable if set, else online when logged in."""
   if mode != "auto":
     return mode
+  if os.environ.get("WANDB_MODE") in ("online", "offline", "disabled"):
+    return os.environ["WANDB_MODE"]
   try:
     import wandb  # pylint: disable=import-outside-toplevel
 
@@ -62,11 +65,11 @@ class Tracker:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.run = None
     self.note = ""
+    mode = _wandb_mode(mode)
     if jax.process_index() != 0 or mode == "disabled":
       return
     import wandb  # pylint: disable=import-outside-toplevel
 
-    mode = _wandb_mode(mode)
     id_path = os.path.join(workdir, "wandb_run_id")
     run_id = open(id_path).read().strip() if os.path.exists(id_path) else secrets.token_hex(4)
     self.run = wandb.init(
