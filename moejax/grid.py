@@ -91,11 +91,13 @@ def run_grid(
 
 def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
   """Adds the grid to the training run's wandb (same run id) when wandb is on."""
+  from moejax.tracking import wandb_mode  # pylint: disable=import-outside-toplevel
+
   id_path = os.path.join(workdir, "wandb_run_id")
-  if c.wandb.mode == "disabled" or not os.path.exists(id_path):
+  mode = wandb_mode(c.wandb.mode)
+  if mode == "disabled" or not os.path.exists(id_path):
     return
   import wandb  # pylint: disable=import-outside-toplevel
-  from moejax.tracking import _wandb_mode  # pylint: disable=import-outside-toplevel
 
   run = wandb.init(
     project=c.wandb.project,
@@ -103,7 +105,7 @@ def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
     dir=workdir,
     id=open(id_path).read().strip(),
     resume="allow",
-    mode=_wandb_mode(c.wandb.mode),
+    mode=mode,
   )
   columns = [
     "k1",

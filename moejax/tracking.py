@@ -29,7 +29,7 @@ def git_commit() -> str:
   return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
-def _wandb_mode(mode: str) -> str:
+def wandb_mode(mode: str) -> str:
   """`auto`: the WANDB_MODE environment variable if set, else online when logged in."""
   if mode != "auto":
     return mode
@@ -65,7 +65,7 @@ class Tracker:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.run = None
     self.note = ""
-    mode = _wandb_mode(mode)
+    mode = wandb_mode(mode)
     if jax.process_index() != 0 or mode == "disabled":
       return
     import wandb  # pylint: disable=import-outside-toplevel

@@ -34,17 +34,17 @@ def test_wandb_offline_keeps_run_id_for_resume(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["offline", "online", "disabled"])
 def test_explicit_modes_pass_through(mode):
-  assert tracking._wandb_mode(mode) == mode
+  assert tracking.wandb_mode(mode) == mode
 
 
-def test_auto_mode_respects_wandb_mode_env(monkeypatch):
+def test_auto_mode_respectswandb_mode_env(monkeypatch):
   monkeypatch.setenv("WANDB_MODE", "disabled")
-  assert tracking._wandb_mode("auto") == "disabled"
+  assert tracking.wandb_mode("auto") == "disabled"
   monkeypatch.setenv("WANDB_MODE", "offline")
-  assert tracking._wandb_mode("auto") == "offline"
+  assert tracking.wandb_mode("auto") == "offline"
 
 
-def test_auto_with_wandb_mode_disabled_starts_no_run(tmp_path, monkeypatch):
+def test_auto_withwandb_mode_disabled_starts_no_run(tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_MODE", "disabled")
   t = tracking.Tracker(str(tmp_path), {}, mode="auto", project="p")
   assert t.run is None and not os.path.exists(tmp_path / "wandb")
