@@ -77,6 +77,8 @@ def forward_loss(
       loads.append(st["assign"].sum((0, 1)))
       for name, value in out["aux"].items():
         metrics[f"moe/layer{out['layer']}/{name}"] = value
+      # The balance loss as trained (configured granularity), not the block's global one.
+      metrics[f"moe/layer{out['layer']}/aux_loss"] = balance[-1]
     balance_loss = jnp.mean(jnp.stack(balance))
     z_loss = jnp.mean(jnp.stack([o["aux"]["z_loss"] for o in moe_outs]))
     loss = loss + lc.balance_weight * balance_loss + lc.z_loss_weight * z_loss
