@@ -75,22 +75,7 @@ def cells(k1s: list[int], k2_labels: list[str | int], K: int, E: int) -> list[Ce
 def evaluate_cell(graphdef, state: dict, batches: list[np.ndarray], k1: int, k2: int | str) -> dict:
   """Per-sequence losses/accuracies and per-layer routed mass and routed-output ms."""
   eval_step = jax.jit(step_lib.make_eval_step(graphdef, k=k1, k2=None if k2 == "native" else k2))
-  loss, acc, mass, ms = [], [], {}, {}
-  for tokens in batches:
-    out = jax.device_get(eval_step(state["params"], state["router"], tokens))
-    loss.append(out["loss_B"])
-    acc.append(out["accuracy_B"])
-    n = tokens.shape[0]
-    for layer, aux in out["aux"].items():
-      mass[layer] = mass.get(layer, 0.0) + float(aux["routed_mass"]) * n
-      ms[layer] = ms.get(layer, 0.0) + float(aux["routed_out_rms"]) ** 2 * n
-  n_seq = sum(b.shape[0] for b in batches)
-  return {
-    "loss_N": np.concatenate(loss),
-    "accuracy_N": np.concatenate(acc),
-    "routed_mass": {l: v / n_seq for l, v in mass.items()},
-    "routed_ms": {l: v / n_seq for l, v in ms.items()},
-  }
+  return step_lib.evaluate_batches(eval_step, state, batches)
 
 
 def row(cell: Cell, res: dict, ref: dict, *, resamples: int, seed: int) -> dict:

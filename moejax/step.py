@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -181,3 +182,24 @@ def make_eval_step(graphdef, *, k: int | None = None, k2: int | None = None):
     return {"loss_B": loss_BxL.mean(-1), "accuracy_B": acc_BxL.mean(-1), "aux": aux}
 
   return eval_step
+
+
+def evaluate_batches(eval_step, state: State, batches: list[np.ndarray]) -> dict:
+  """Runs `eval_step` over held-out batches: per-sequence `loss_N` and `accuracy_N`, and
+  per-layer `routed_mass` and `routed_ms` (mean square of the routed output)."""
+  loss, acc, mass, ms = [], [], {}, {}
+  for tokens in batches:
+    out = jax.device_get(eval_step(state["params"], state["router"], tokens))
+    loss.append(out["loss_B"])
+    acc.append(out["accuracy_B"])
+    n = tokens.shape[0]
+    for layer, aux in out["aux"].items():
+      mass[layer] = mass.get(layer, 0.0) + float(aux["routed_mass"]) * n
+      ms[layer] = ms.get(layer, 0.0) + float(aux["routed_out_rms"]) ** 2 * n
+  n_seq = sum(b.shape[0] for b in batches)
+  return {
+    "loss_N": np.concatenate(loss),
+    "accuracy_N": np.concatenate(acc),
+    "routed_mass": {l: v / n_seq for l, v in mass.items()},
+    "routed_ms": {l: v / n_seq for l, v in ms.items()},
+  }

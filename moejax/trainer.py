@@ -122,16 +122,6 @@ def truncate_metrics(workdir: str, step: int) -> None:
     f.writelines(rows)
 
 
-def held_out_loss(eval_step, state: dict, batches: list[np.ndarray]) -> float:
-  """Mean next-token loss (nats/token) over the held-out batches."""
-  total = count = 0.0
-  for tokens in batches:
-    out = eval_step(state["params"], state["router"], jnp.asarray(tokens))
-    total += float(out["loss_B"].sum())
-    count += tokens.shape[0]
-  return total / count
-
-
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the latest checkpoint in `workdir`) and returns a summary."""
   os.makedirs(workdir, exist_ok=True)
@@ -206,7 +196,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
         row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
         t_last, step_last = now, done
         if done % c.train.eval_every == 0 or is_last:
-          eval_loss = row["eval_loss"] = held_out_loss(eval_step, state, eval_batches)
+          held_out = step_lib.evaluate_batches(eval_step, state, eval_batches)["loss_N"]
+          eval_loss = row["eval_loss"] = float(np.mean(held_out, dtype=np.float64))
         if done % c.train.log_every == 0 or is_last:
           tracker.log({"step": done, **row})
           bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
