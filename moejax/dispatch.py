@@ -222,6 +222,7 @@ def capacity_dispatch(
 ) -> tuple[jax.Array, jax.Array]:
   """Capacity-limited dispatch; returns (y_TxD, kept_TxK)."""
   T, K = experts_TxK.shape
+  check_group_size(group_size, T)
   E = ex.w_gate_ExDxF.shape[0]
   plan = capacity_plan(experts_TxK, priority_TxK, E, cap, group_size, keep_TxK)
   ex = _cast(ex, x_TxD.dtype)
@@ -263,7 +264,13 @@ def validate_dispatch(
     raise UserError(f"min_capacity={min_capacity} is not allowed; use an int >= 0")
   if group_size is not None and group_size < 1:
     raise UserError(f"group_size={group_size} is not allowed; use an int >= 1 or None")
-  if group_size is not None and n_tokens is not None and n_tokens % group_size:
+  if group_size is not None and n_tokens is not None:
+    check_group_size(group_size, n_tokens)
+
+
+def check_group_size(group_size: int, n_tokens: int) -> None:
+  """Capacity routing groups must tile the tokens of one call exactly."""
+  if n_tokens % group_size:
     raise UserError(
       f"group_size={group_size} is not allowed; it must divide the "
       f"{n_tokens} tokens of the local batch"

@@ -190,8 +190,6 @@ class MoEBlock(nnx.Module):
       kept_TxK = jnp.ones(ro.experts_TxK.shape, bool) if keep_TxK is None else keep_TxK
       return y_TxD, kept_TxK
     G = cfg.group_size or T
-    if T % G:
-      raise UserError(f"moe.group_size={G} is not allowed; it must divide the {T} tokens per call")
     factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
     cap = dsp.capacity(factor, k, G, E, cfg.min_capacity)
     if cfg.drop_policy == "position":
