@@ -107,6 +107,12 @@ def preset_base() -> ml_collections.ConfigDict:
   return c
 
 
+def _build(cls, node: ml_collections.ConfigDict, **overrides):
+  """A config dataclass from the section's keys of the same names, plus `overrides`."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: v for k, v in node.items() if k in names and k not in overrides}, **overrides)
+
+
 def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
   """Builds the MoEConfig, applying group overrides to the named rule."""
   m = c.model.moe
@@ -115,23 +121,12 @@ def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
     rule = dataclasses.replace(
       rule, n_groups=m.n_groups or rule.n_groups, topk_groups=m.topk_groups or rule.topk_groups
     )
-  return MoEConfig(
+  return _build(
+    MoEConfig,
+    m,
     d_model=c.model.d_model,
-    n_experts=m.n_experts,
-    top_k=m.top_k,
-    d_expert=m.d_expert,
-    d_shared=m.d_shared,
     rule=rule,
-    dispatch=m.dispatch,
-    capacity_factor=m.capacity_factor,
-    eval_capacity_factor=m.eval_capacity_factor,
-    min_capacity=m.min_capacity,
-    drop_policy=m.drop_policy,
     group_size=m.group_size or None,
-    second_expert=m.second_expert,
-    impl=m.impl,
-    block_size=m.block_size,
-    jitter_eps=m.jitter_eps,
     dtype=c.model.dtype,
     init_std=c.model.init_std,
   )
@@ -141,24 +136,7 @@ def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
   """Builds the ModelConfig; `model.vocab_size=0` takes the tokenizer's vocabulary."""
   m = c.model
   moe = moe_config(c) if m.moe_every > 0 else None
-  return ModelConfig(
-    vocab_size=m.vocab_size or vocab_size,
-    d_model=m.d_model,
-    n_layers=m.n_layers,
-    n_heads=m.n_heads,
-    n_kv_heads=m.n_kv_heads,
-    head_dim=m.head_dim,
-    d_ff=m.d_ff,
-    qk_norm=m.qk_norm,
-    tie_embeddings=m.tie_embeddings,
-    rope_theta=m.rope_theta,
-    norm_eps=m.norm_eps,
-    dtype=m.dtype,
-    init_std=m.init_std,
-    moe=moe,
-    moe_every=m.moe_every,
-    first_dense=m.first_dense,
-  )
+  return _build(ModelConfig, m, vocab_size=m.vocab_size or vocab_size, moe=moe)
 
 
 def _positive(c, path: str, minimum: float = 1) -> None:
