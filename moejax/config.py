@@ -7,6 +7,8 @@ every run has every key (DESIGN.md §5.1) and `--config.a.b=v` can override any 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import ml_collections
 
@@ -193,6 +195,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if not 0 <= c.optim.min_lr_ratio <= 1:
     raise UserError(f"optim.min_lr_ratio={c.optim.min_lr_ratio} is not allowed; use [0, 1]")
   model_config(c, vocab_size=max(c.model.vocab_size, 2))
+
+
+def read_saved(workdir: str) -> dict | None:
+  """The raw `DIR/config.json` of an earlier run, or None when there is none."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserError(f"{path} is unreadable ({e}); fix or remove it") from None
 
 
 def from_saved(saved: dict) -> ml_collections.ConfigDict:

@@ -13,16 +13,14 @@ from moejax.errors import UserError
 
 
 def load_config(workdir: str):
-  """The run's saved config (config.json without the `resolved` section)."""
+  """The run's saved config, with defaults for keys added since (config.from_saved)."""
   from moejax import config  # pylint: disable=import-outside-toplevel
 
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise UserError(f"{path} not found; --workdir must be a moejax training run")
-  try:
-    saved = json.load(open(path))
-  except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"{path} is unreadable ({e})") from None
+  saved = config.read_saved(workdir)
+  if saved is None:
+    raise UserError(
+      f"{os.path.join(workdir, 'config.json')} not found; --workdir must be a moejax training run"
+    )
   return config.from_saved(saved)
 
 
@@ -38,21 +36,18 @@ def run_grid(
   log=print,
 ) -> list[dict]:
   """Runs every cell and writes the grid files; returns the rows."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
   from moejax import checkpoint, grid_report, kgrid, trainer  # pylint: disable=import-outside-toplevel
 
   c = load_config(workdir)
   c.mesh.data = -1  # evaluate on whatever devices this machine has
   c.mesh.fsdp = c.mesh.expert = 1
-  for name, value in (
-    ("--sequences", sequences),
-    ("--batch_size", batch_size),
-    ("--resamples", resamples),
+  for name, value, minimum in (
+    ("--sequences", sequences, 1),
+    ("--batch_size", batch_size, 1),
+    ("--resamples", resamples, 1000),
   ):
-    if value is not None and value < (1000 if name == "--resamples" else 1):
-      raise UserError(
-        f"{name}={value} is not allowed; use an int >= {1000 if name == '--resamples' else 1}"
-      )
+    if value is not None and value < minimum:
+      raise UserError(f"{name}={value} is not allowed; use an int >= {minimum}")
   if c.model.moe_every == 0:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
   K, E = c.model.moe.top_k, c.model.moe.n_experts
@@ -63,10 +58,7 @@ def run_grid(
     raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")
   run = trainer.build(c, workdir)
   step, state, _ = checkpoint.restore(mngr, run.state, step)
-  batches = [
-    np.asarray(b)
-    for b in run.data.eval_batches(sequences or c.eval.sequences, batch_size or c.eval.batch_size)
-  ]
+  batches = run.data.eval_batches(sequences or c.eval.sequences, batch_size or c.eval.batch_size)
   resamples = resamples or c.eval.bootstrap_resamples
   log(
     f"k-grid of {workdir} step {step}: {len(cells)} cells on "

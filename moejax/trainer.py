@@ -95,13 +95,10 @@ def resolved_config(run: Run) -> dict:
 
 def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   """Resuming with a different model or data config would silently change the run."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  saved = config_lib.read_saved(workdir)
+  if saved is None:
     return
-  try:
-    saved = json.load(open(path))
-  except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"{path} is unreadable ({e}); use a new --workdir") from None
+  path = os.path.join(workdir, "config.json")
   for section in FROZEN_SECTIONS:
     for key, value in c[section].to_dict().items():
       if saved.get(section, {}).get(key, value) != value:
