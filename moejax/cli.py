@@ -42,10 +42,13 @@ def _unknown_key(argv: list[str], cfg) -> str | None:
   return None
 
 
-def parse_flags(argv: list[str], config_flag) -> None:
-  """Parses absl flags, turning every parse problem into a one-line exit 2."""
+def parse_flags(argv: list[str], config_flag=None) -> None:
+  """Parses absl flags, and loads `config_flag` (ml_collections loads lazily), turning
+  every parse or load problem into a one-line exit 2."""
   try:
     flags.FLAGS(argv)
+    if config_flag is not None and config_flag.value is not None:
+      config_flag.value.keys()  # a failed load only raises on first use
   except flags.Error as e:
     fail(e)
   except OSError as e:  # ml_collections re-raises a failed config load as OSError

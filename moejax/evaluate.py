@@ -26,7 +26,7 @@ _RESAMPLES = flags.DEFINE_integer("resamples", None, "Bootstrap resamples (defau
 
 
 def main() -> int:
-  cli.parse_flags(sys.argv, None)
+  cli.parse_flags(sys.argv)
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
   run_grid(

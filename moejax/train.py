@@ -18,10 +18,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics,
 
 def main() -> int:
   cli.parse_flags(sys.argv, _CONFIG)
-  try:
-    _CONFIG.value  # pylint: disable=pointless-statement  (ml_collections loads lazily)
-  except OSError as e:
-    cli.fail(f"cannot load --config {cli.config_path(sys.argv)}: {e}")
   if _CONFIG.value is None:
     cli.fail("--config is required, e.g. --config configs/quickstart.py")
   if not _WORKDIR.value:

@@ -253,3 +253,11 @@ def test_corrupt_checkpoint_exits_2_and_keeps_the_directory(quickstart, tmp_path
   assert_user_error(proc, step_dir)
   assert os.path.isdir(step_dir)
   assert snapshot(workdir) == before
+
+
+def test_missing_config_file_without_overrides_is_one_line_exit_2(tmp_path):
+  """ml_collections defers a failed load until first use when no override forces it."""
+  missing = str(tmp_path / "nope.py")
+  proc = run_cli("--workdir", str(tmp_path / "w"), config=missing)
+  assert_user_error(proc, "nope.py")
+  assert not (tmp_path / "w").exists()
