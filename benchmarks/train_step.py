@@ -19,7 +19,7 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 from common import interleaved_min  # noqa: E402
 
-from moejax import optim, sharding, step as step_lib, trainer  # noqa: E402
+from moejax import sharding, step as step_lib, trainer  # noqa: E402
 
 
 def load(path: str):
@@ -32,14 +32,8 @@ def load(path: str):
 def jitted_step(c):
   """(step fn closure, compile seconds, active params) for config c."""
   run = trainer.build(c, workdir=None)
-  tx, schedule = optim.optimizer(c)
-  lc = step_lib.LossConfig(
-    balance_weight=c.loss.balance_weight,
-    balance_granularity=c.loss.balance_granularity,
-    z_loss_weight=c.loss.z_loss_weight,
-    n_shards=sharding.data_shards(run.mesh),
-  )
-  fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule))
+  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  fn = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
   tokens = next(run.data.train_iterator())["tokens"]
   t = time.perf_counter()
   compiled = fn.lower(run.state, tokens, jax.random.key(0)).compile()

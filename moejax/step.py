@@ -33,6 +33,18 @@ class LossConfig:
   n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity
   grad_accum: int = 1
 
+  @classmethod
+  def from_config(cls, c, *, n_shards: int) -> "LossConfig":
+    """From a run config's `loss.*` and `train.grad_accum`."""
+    return cls(
+      balance_weight=c.loss.balance_weight,
+      balance_granularity=c.loss.balance_granularity,
+      z_loss_weight=c.loss.z_loss_weight,
+      bias_update_rate=c.loss.bias_update_rate,
+      n_shards=n_shards,
+      grad_accum=c.train.grad_accum,
+    )
+
 
 def split_model(model: nnx.Module):
   """(graphdef, params, router) with the selection biases apart from the trainables."""

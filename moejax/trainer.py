@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from flax import nnx
 
 from moejax import checkpoint, config as config_lib, optim, sharding, step as step_lib, tracking
@@ -38,6 +39,8 @@ class Run:
   mesh: jax.sharding.Mesh
   n_params: int
   n_active: int
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
 
 
 def count_params(params, moe_cfg) -> tuple[int, int]:
@@ -64,7 +67,7 @@ def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
   mc = config_lib.model_config(c, data.tokenizer.vocab_size)
   model = Transformer(mc, rngs=nnx.Rngs(c.train.seed))
   graphdef, params, router = step_lib.split_model(model)
-  tx, _ = optim.optimizer(c)
+  tx, schedule = optim.optimizer(c)
   state = {
     "step": jnp.zeros((), jnp.int32),
     "params": params,
@@ -73,7 +76,7 @@ def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
   }
   state = jax.device_put(state, sharding.state_sharding(state, mesh))
   n_params, n_active = count_params(params, mc.moe)
-  return Run(c, data, graphdef, state, mesh, n_params, n_active)
+  return Run(c, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
 
 
 def resolved_config(run: Run) -> dict:
@@ -132,21 +135,14 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     it.set_state(data_state)
     truncate_metrics(workdir, start)
     log(f"resumed from {workdir}/checkpoints/{start}")
+  resolved = resolved_config(run)
   with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(resolved_config(run), f, indent=2)
+    json.dump(resolved, f, indent=2)
 
-  tx, schedule = optim.optimizer(c)
-  lc = step_lib.LossConfig(
-    balance_weight=c.loss.balance_weight,
-    balance_granularity=c.loss.balance_granularity,
-    z_loss_weight=c.loss.z_loss_weight,
-    bias_update_rate=c.loss.bias_update_rate,
-    n_shards=sharding.data_shards(run.mesh),
-    grad_accum=c.train.grad_accum,
-  )
+  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   state_shardings = sharding.state_sharding(state, run.mesh)
   train_step = jax.jit(
-    step_lib.make_train_step(run.graphdef, tx, lc, schedule),
+    step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule),
     donate_argnums=0,
     out_shardings=(state_shardings, None),
   )
@@ -154,7 +150,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   eval_batches = run.data.eval_batches(c.train.eval_sequences, c.eval.batch_size)
   tracker = tracking.Tracker(
     workdir,
-    resolved_config(run),
+    resolved,
     mode=c.wandb.mode,
     project=c.wandb.project,
     entity=c.wandb.entity,
