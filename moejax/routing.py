@@ -59,6 +59,10 @@ class MergeRule:
         f"n_groups={self.n_groups}"
       )
 
+  def kept_experts(self, n_experts: int) -> int:
+    """Experts that survive group masking: topk_groups · E / n_groups (E without groups)."""
+    return self.topk_groups * (n_experts // self.n_groups)
+
 
 RULES: dict[str, MergeRule] = {
   "mixtral": MergeRule(),
@@ -123,8 +127,8 @@ def validate(
       f"rule.group_score='top2_sum' needs >= 2 experts per group; "
       f"n_experts={E} with n_groups={rule.n_groups} gives {group_size}"
     )
-  kept = rule.topk_groups * group_size
-  if rule.n_groups > 1 and k > kept:
+  kept = rule.kept_experts(E)
+  if k > kept:
     raise UserError(
       f"k={k} is not allowed; the kept groups hold only topk_groups*E/n_groups={kept} experts"
     )
@@ -161,7 +165,7 @@ def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2: int) -> j
   """Σ s_j over the top-k2 experts in selection order: kept experts by key, then (when k2
   exceeds the kept groups) the masked experts by score, so ties at −inf never decide."""
   E = s_TxE.shape[-1]
-  n_kept = E if rule.n_groups == 1 else rule.topk_groups * (E // rule.n_groups)
+  n_kept = rule.kept_experts(E)
   _, top_TxK2 = jax.lax.top_k(key_TxE, min(k2, n_kept))
   mass_T = jnp.take_along_axis(s_TxE, top_TxK2, axis=-1).sum(-1)
   if k2 > n_kept:
