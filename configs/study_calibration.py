@@ -1,0 +1,50 @@
+"""The calibration study (experiments/calibration): does renormalized top-k training
+calibrate expert gain to the training K?
+
+`get_config()` (alias `get_config("cpu")`) is the CPU preset every study run shares; only
+the merge rule (and, for factor D, the shape or the expert init scale) is changed, by the
+sweep's overrides (`experiments/calibration/sweep.py`):
+
+* 4 layers, d_model 128, GQA 4/2 heads, every layer MoE: E = 64 routed experts of width
+  32, K = 8, dropless (no token is dropped, so rules differ only in their coefficients);
+* byte-level stdlib corpus, 16 × 128 tokens per step, 600 steps (1.23M tokens), AdamW
+  3e-3 with 60 warmup steps and cosine to 0.1×;
+* global-batch load-balance loss 0.01 (fraction convention) and z-loss 0.001, the same for
+  every rule; checkpoints at 25/50/75/100% of training, all kept (factor C grids them);
+* grid cells k1 ∈ {8, 4, 2, 1} × k2 ∈ {native, k1, K, 2K, 4K, E} plus the `sqrt` and `gain`
+  rescaling cells, on 256 held-out sequences.
+
+`get_config("tpu")` is the TPU preset (defined and dry-run-launchable, not run here):
+d_model 1024, 8 layers, a 32k BPE tokenizer trained on the user's corpus (`data.paths`,
+which the sweep must set), 256 × 1024 tokens per step for 4,000 steps (1.05B tokens).
+"""
+
+import ml_collections
+
+from moejax import config as config_lib
+
+PRESETS = ("cpu", "tpu")
+
+
+def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
+  if preset not in PRESETS:
+    raise ValueError(f"study_calibration: preset={preset!r} is unknown; use one of cpu, tpu")
+  c = config_lib.base_config()
+  c.model.update(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=512)
+  c.model.moe.update(rule="qwen3_moe", n_experts=64, top_k=8, d_expert=32, dispatch="dropless")
+  c.loss.update(balance_weight=0.01, balance_granularity="global_batch", z_loss_weight=0.001)
+  c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
+  c.train.update(steps=600, log_every=25, eval_every=150, ckpt_every=150, keep_checkpoints=4)
+  c.optim.update(lr=3e-3, warmup_steps=60)
+  c.eval.update(sequences=256, after_train=False)
+  c.wandb.update(project="moejax", tags="calibration")
+  if preset == "tpu":
+    c.model.update(d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, d_ff=4096)
+    c.model.moe.update(d_expert=256)
+    c.data.update(
+      corpus="files", tokenizer="bpe", bpe_vocab_size=32768, batch_size=256, seq_len=1024
+    )
+    c.train.update(steps=4000, log_every=50, eval_every=500, ckpt_every=1000, keep_checkpoints=5)
+    c.optim.update(lr=1e-3, warmup_steps=400)
+    c.eval.update(sequences=1024)
+  return c

@@ -1,0 +1,96 @@
+"""Writes experiments/calibration/README.md and figures/ from the committed run results.
+
+    python experiments/calibration/report.py [--results DIR] [--out DIR]
+
+Every number in the README is computed here from `runs/<run>/{config.json, metrics.jsonl,
+eval/**/k_grid.jsonl}`; runs not finished yet are listed as missing, never estimated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import figures
+import hypotheses
+import results as res
+import sweep as sweep_file
+import tables
+
+PANEL_K1 = 2  # factor C follows the loss at k1 = 2 (K/4 of the main shape)
+
+
+def group(runs: dict[str, res.RunResult], **match) -> list[res.RunResult]:
+  return [r for r in runs.values() if all(r.factors.get(k) == v for k, v in match.items())]
+
+
+def panels(runs: dict[str, res.RunResult]) -> dict[str, list[res.RunResult]]:
+  """One panel per rule: factor A pooled over seeds, factor B per run, factor D per variant."""
+  out = {}
+  for rule in sweep_file.CORE_RULES:
+    if group(runs, factor="A", rule=rule):
+      out[f"A {rule}"] = group(runs, factor="A", rule=rule)
+  for r in group(runs, factor="B"):
+    out[f"B {r.factors['rule']}"] = [r]
+  for variant, _ in sweep_file.VARIANTS:
+    for rule in sweep_file.CORE_RULES:
+      if group(runs, factor="D", variant=variant, rule=rule):
+        out[f"D {variant} {rule}"] = group(runs, factor="D", variant=variant, rule=rule)
+  return out
+
+
+def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
+  sweep = sweep_file.get_sweep()
+  runs = res.load_all(results_dir, sweep.runs)
+  fig_dir = out_dir / "figures"
+  fig_dir.mkdir(parents=True, exist_ok=True)
+  pan = panels(runs)
+  best = {title: tables.best_k2(rs) for title, rs in pan.items()}
+  parts = [
+    tables.header(sweep, runs),
+    tables.setup(runs),
+    tables.native_losses(runs),
+    hypotheses.statements(pan, best, PANEL_K1),
+  ]
+  if pan:
+    figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
+    figures.delta_vs_gain(list(runs.values()), fig_dir / "delta_vs_gain.png")
+    parts.append(
+      "## Figures\n\n"
+      "![Δ vs k1](figures/delta_vs_k1.png)\n\n"
+      "Δ against k1, one line per k2 choice (seed-level mean and 95% CI where a panel "
+      "pools seeds; `best k2` is chosen on the same held-out data, so it is optimistic).\n\n"
+      "![Δ vs gain](figures/delta_vs_gain.png)\n\n"
+      "Every cell of every final grid: Δ against the routed gain relative to native K.\n"
+    )
+  core = {rule: group(runs, factor="A", rule=rule) for rule in sweep_file.CORE_RULES}
+  core = {k: v for k, v in core.items() if v}
+  if core:
+    figures.delta_vs_step(core, PANEL_K1, fig_dir / "delta_vs_step.png")
+    parts.append(
+      f"![Δ vs step](figures/delta_vs_step.png)\n\nFactor C: Δ at k1 = {PANEL_K1} at each "
+      "gridded checkpoint, k2 = k1 and k2 = K.\n"
+    )
+  parts += [tables.grid_section(title, rs) for title, rs in pan.items()]
+  parts.append(tables.limits())
+  text = "\n".join(parts)
+  (out_dir / "README.md").write_text(text)
+  return text
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--results", type=pathlib.Path, default=HERE / "runs")
+  p.add_argument("--out", type=pathlib.Path, default=HERE)
+  a = p.parse_args(argv)
+  build(a.results, a.out)
+  print(f"wrote {a.out / 'README.md'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,82 @@
+"""The calibration study's runs: `python -m launch.sweep experiments/calibration/sweep.py`.
+
+Every run starts from `configs/study_calibration.py` (the CPU preset) and changes only what
+its factor names; the factors are listed in `experiments/calibration/README.md`.
+"""
+
+from launch.spec import RunSpec, Sweep, product
+
+CONFIG = "configs/study_calibration.py"
+STEPS = 600  # configs/study_calibration.py train.steps; grids at 25%, 50% and 100%
+CORE_RULES = ("qwen3_moe", "olmoe")  # softmax renormalized vs not
+D_SHARED = 64  # the shared expert's width wherever a convention has one (2 routed experts)
+EXPERT_STD_WIDE = round(128**-0.5, 6)  # 1/sqrt(d_model), factor D's init scale
+
+# Factor B: each convention composed from the config, as (run name, overrides).
+CONVENTIONS = (
+  ("renorm_scale_k", {"model.moe.rule": "qwen3_moe", "model.moe.scale": "k"}),
+  (
+    "sigmoid_renorm_bias",
+    {"model.moe.rule": "deepseek_v3", "model.moe.shared": "none", "loss.bias_update_rate": 1e-3},
+  ),
+  ("sigmoid_none", {"model.moe.rule": "olmoe", "model.moe.score": "sigmoid"}),
+  ("lp2", {"model.moe.rule": "megablocks_lp2"}),
+  ("megatron", {"model.moe.rule": "megatron", "model.moe.d_shared": D_SHARED}),
+  ("qwen3_5_moe", {"model.moe.rule": "qwen3_5_moe", "model.moe.d_shared": D_SHARED}),
+  ("qwen2_moe", {"model.moe.rule": "qwen2_moe", "model.moe.d_shared": D_SHARED}),
+  ("kplus1", {"model.moe.rule": "kplus1", "model.moe.d_shared": D_SHARED}),
+)
+
+# Factor D: the core pair at a second shape and at a second expert init scale.
+VARIANTS = (
+  ("e32k4", {"model.moe.n_experts": 32, "model.moe.top_k": 4, "model.moe.d_expert": 64}),
+  ("init_wide", {"model.moe.expert_init_std": EXPERT_STD_WIDE}),
+)
+
+
+def factor_a() -> list[RunSpec]:
+  """The core pair, 3 seeds each, gridded at 25%, 50% and 100% of training (factor C)."""
+  return [
+    RunSpec(
+      name=f"a-{p['rule']}-s{p['seed']}",
+      config=CONFIG,
+      overrides={"model.moe.rule": p["rule"], "train.seed": p["seed"]},
+      factors={"factor": "A", "rule": p["rule"], "seed": p["seed"]},
+      grid_steps=(STEPS // 4, STEPS // 2),
+    )
+    for p in product(seed=(0, 1, 2), rule=CORE_RULES)
+  ]
+
+
+def factor_b() -> list[RunSpec]:
+  return [
+    RunSpec(
+      name=f"b-{name}",
+      config=CONFIG,
+      overrides={**overrides, "train.seed": 0},
+      factors={"factor": "B", "rule": name, "seed": 0},
+    )
+    for name, overrides in CONVENTIONS
+  ]
+
+
+def factor_d() -> list[RunSpec]:
+  return [
+    RunSpec(
+      name=f"d-{variant}-{p['rule']}-s{p['seed']}",
+      config=CONFIG,
+      overrides={**overrides, "model.moe.rule": p["rule"], "train.seed": p["seed"]},
+      factors={"factor": "D", "variant": variant, "rule": p["rule"], "seed": p["seed"]},
+    )
+    for variant, overrides in VARIANTS
+    for p in product(seed=(0, 1), rule=CORE_RULES)
+  ]
+
+
+def get_sweep() -> Sweep:
+  return Sweep(
+    name="calibration",
+    runs=factor_a() + factor_b() + factor_d(),
+    results="experiments/calibration/runs",
+    compute={"tpu": {"accelerators": "tpu-v5e-16", "use_spot": True}},
+  )

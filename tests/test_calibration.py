@@ -1,0 +1,169 @@
+"""The calibration study's sweep (experiments/calibration/sweep.py) and its report builder."""
+
+import importlib
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STUDY = ROOT / "experiments" / "calibration"
+sys.path.insert(0, str(STUDY))
+sys.path.insert(0, str(ROOT / "configs"))
+
+sweep_file = importlib.import_module("sweep")
+study_config = importlib.import_module("study_calibration")
+
+RULE_KEYS = {
+  "model.moe.rule",
+  "model.moe.score",
+  "model.moe.scale",
+  "model.moe.shared",
+  "model.moe.d_shared",
+  "loss.bias_update_rate",
+}
+
+
+def _resolved(spec) -> dict:
+  """The run's config as a flat dict: the config file, then the run's overrides."""
+  c = study_config.get_config()
+  for path, value in spec.overrides.items():
+    *parents, leaf = path.split(".")
+    node = c
+    for p in parents:
+      node = node[p]
+    assert leaf in node, f"{spec.name}: override {path} names no config key"
+    node[leaf] = value
+  flat = {}
+
+  def walk(prefix, d):
+    for k, v in d.items():
+      if isinstance(v, dict):
+        walk(f"{prefix}{k}.", v)
+      else:
+        flat[f"{prefix}{k}"] = v
+
+  walk("", c.to_dict())
+  return flat
+
+
+def test_sweep_expands_to_the_stated_runs():
+  sweep = sweep_file.get_sweep()
+  names = [r.name for r in sweep.runs]
+  assert len(names) == len(set(names))
+  by_factor = {}
+  for r in sweep.runs:
+    by_factor.setdefault(r.factors["factor"], []).append(r)
+  # A: 2 rules x 3 seeds, gridded at 25% and 50% besides the final checkpoint (factor C).
+  assert sorted((r.factors["rule"], r.factors["seed"]) for r in by_factor["A"]) == sorted(
+    (rule, s) for rule in ("qwen3_moe", "olmoe") for s in (0, 1, 2)
+  )
+  steps = study_config.get_config().train.steps
+  assert all(r.grid_steps == (steps // 4, steps // 2) for r in by_factor["A"])
+  # B: 8 conventions, one seed; D: 2 variants x 2 rules x 2 seeds.
+  assert len(by_factor["B"]) == 8 and {r.factors["seed"] for r in by_factor["B"]} == {0}
+  assert len(by_factor["D"]) == 8
+  assert {r.factors["variant"] for r in by_factor["D"]} == {"e32k4", "init_wide"}
+
+
+@pytest.mark.parametrize("factor", ["A", "B"])
+def test_only_the_rule_and_seed_change_within_a_factor(factor):
+  runs = [r for r in sweep_file.get_sweep().runs if r.factors["factor"] == factor]
+  configs = [_resolved(r) for r in runs]
+  varying = {k for k in configs[0] if len({repr(c[k]) for c in configs}) > 1}
+  assert varying <= RULE_KEYS | {"train.seed"}, varying
+  assert "model.moe.rule" in varying or factor == "A"
+
+
+def test_factor_d_changes_only_its_variant():
+  runs = [r for r in sweep_file.get_sweep().runs if r.factors["factor"] == "D"]
+  base = _resolved(runs[0])
+  for r in runs:
+    diff = {k for k, v in _resolved(r).items() if v != base[k]}
+    allowed = {"model.moe.rule", "train.seed", "model.moe.n_experts", "model.moe.top_k"}
+    assert diff <= allowed | {"model.moe.d_expert", "model.moe.expert_init_std"}, (r.name, diff)
+
+
+# ---------------------------------------------------------------- report from a fixture
+
+
+K, E, N = 8, 64, 40
+TRUE = {  # mean per-sequence Δ by rule and cell, used to synthesise the fixture
+  "qwen3_moe": {(2, "native"): 0.5, (2, 2): 0.5, (2, 8): 0.1, (2, 64): 0.3, (2, "gain"): 0.12},
+  "olmoe": {(2, "native"): 0.2, (2, 2): 0.45, (2, 8): 0.25, (2, 64): 0.2, (2, "gain"): 0.22},
+}
+
+
+def _write_run(root: pathlib.Path, name: str, rule: str, seed: int, steps=(150, 300, 600)):
+  rng = np.random.default_rng(seed * 7 + len(rule))
+  d = root / name
+  (d / "eval").mkdir(parents=True)
+  cfg = study_config.get_config().to_dict()
+  cfg["model"]["moe"]["rule"] = rule
+  cfg["resolved"] = {"git_commit": "abc123"}
+  (d / "config.json").write_text(json.dumps(cfg))
+  rows = [{"step": 600, "loss": 2.0, "tokens_per_sec": 2048.0, "eval_loss": 1.9 + 0.01 * seed}]
+  (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  base_N = 1.5 + 0.1 * rng.standard_normal(N)
+  seed_shift = 0.02 * rng.standard_normal()
+  for step in steps:
+    grid = [{"k1": K, "k2": "native", "delta": 0.0, "loss_per_sequence": base_N.tolist()}]
+    for (k1, k2), mu in TRUE[rule].items():
+      loss_N = base_N + mu * step / 600 + seed_shift + 0.05 * rng.standard_normal(N)
+      grid.append(
+        {
+          "k1": k1,
+          "k2": k2,
+          "delta": float((loss_N - base_N).mean()),
+          "gain": 1.0 + mu,
+          "loss_per_sequence": loss_N.tolist(),
+        }
+      )
+    for r in grid:
+      r["step"] = step
+    sub = d / "eval" if step == 600 else d / "eval" / f"step{step}"
+    sub.mkdir(exist_ok=True)
+    (sub / "k_grid.jsonl").write_text("\n".join(json.dumps(r) for r in grid))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  root = tmp_path_factory.mktemp("results")
+  for seed in (0, 1, 2):
+    for rule in ("qwen3_moe", "olmoe"):
+      _write_run(root, f"a-{rule}-s{seed}", rule, seed)
+  out = tmp_path_factory.mktemp("out")
+  report = importlib.import_module("report")
+  text = report.build(root, out)
+  return root, out, text
+
+
+def test_report_lists_missing_runs_and_writes_figures(report):
+  _, out, text = report
+  assert "6 of 22 runs finished" in text
+  assert "b-kplus1" in text  # missing runs are named, not estimated
+  for fig in ("delta_vs_k1.png", "delta_vs_gain.png", "delta_vs_step.png"):
+    assert (out / "figures" / fig).stat().st_size > 1000
+
+
+def test_report_seed_level_means_match_numpy(report):
+  root, _, text = report
+  contrasts = {"qwen3_moe": ((2, 8), (2, 2)), "olmoe": ((2, 2), (2, "native"))}
+  for rule, (cell, against) in contrasts.items():
+    diffs = []
+    for seed in (0, 1, 2):
+      path = root / f"a-{rule}-s{seed}" / "eval" / "k_grid.jsonl"
+      grid = [json.loads(line) for line in path.read_text().splitlines()]
+      cells = {(r["k1"], r["k2"]): np.array(r["loss_per_sequence"]) for r in grid}
+      diffs.append((cells[cell] - cells[against]).mean())
+    assert f"{np.mean(diffs):+.3f}" in text  # H1's and H2's contrasts at k1 = 2
+
+
+def test_report_verdicts_follow_the_fixture(report):
+  _, _, text = report
+  h1 = text.split("**H1**")[1].split("**H2**")[0]
+  assert "k1 = 2:" in h1 and "k2 = K loses less" in h1
+  h2 = text.split("**H2**")[1].split("**H3**")[0]
+  assert "renormalizing hurts" in h2.split("k1 = 2:")[1].splitlines()[0]
