@@ -1,0 +1,47 @@
+"""The calibration study at the TPU preset: the same runs and factors as `sweep.py`, on
+`configs/study_calibration.py:tpu`, each as a SkyPilot managed job on spot TPU v5e-16.
+
+    python -m launch.sweep experiments/calibration/sweep_tpu.py --backend sky \
+        --root gs://BUCKET/moejax [--dry-run]
+
+`DATA` must name the training text (text, JSONL or ArrayRecord files readable from every
+host, e.g. on gs://); set MOEJAX_CALIBRATION_DATA before launching.
+"""
+
+import dataclasses
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import sweep as cpu_sweep
+from launch.spec import Sweep
+
+DATA = os.environ.get("MOEJAX_CALIBRATION_DATA", "gs://YOUR_BUCKET/corpus/*.jsonl")
+# Width-dependent overrides at the TPU shape (d_model 1024, experts of width 256).
+TPU_VALUES = {"model.moe.d_shared": 512, "model.moe.expert_init_std": round(1024**-0.5, 6)}
+
+
+def _at_tpu_scale(overrides: dict) -> dict:
+  out = {k: TPU_VALUES.get(k, v) for k, v in overrides.items()}
+  if "model.moe.d_expert" in out:  # factor D's second shape keeps its 2x wider experts
+    out["model.moe.d_expert"] = 512
+  return {**out, "data.paths": DATA}
+
+
+def get_sweep() -> Sweep:
+  runs = [
+    dataclasses.replace(
+      r,
+      config=f"{cpu_sweep.CONFIG}:tpu",
+      overrides=_at_tpu_scale(r.overrides),
+      compute="tpu",
+    )
+    for r in cpu_sweep.get_sweep().runs
+  ]
+  return Sweep(
+    name="calibration_tpu",
+    runs=runs,
+    compute={"tpu": {"accelerators": "tpu-v5e-16", "use_spot": True}},
+  )
