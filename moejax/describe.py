@@ -165,9 +165,7 @@ def count_groups(mc: ModelConfig) -> tuple[ParamGroup, ...]:
   moe = mc.moe
   routed = totals["routed_experts"]
   active = routed * moe.top_k // moe.n_experts if moe is not None else 0
-  return tuple(
-    ParamGroup(n, t, active if n == "routed_experts" else t) for n, t in totals.items()
-  )
+  return tuple(ParamGroup(n, t, active if n == "routed_experts" else t) for n, t in totals.items())
 
 
 def conventions(groups: tuple[ParamGroup, ...]) -> dict[str, tuple[int, int]]:
@@ -215,9 +213,7 @@ def describe_router(rule: routing.MergeRule, K: int) -> str:
     groups = f"; group-limited: best {rule.topk_groups} of {rule.n_groups} groups by "
     groups += rule.group_score
   norm = _NORM.get(rule.norm, rule.norm).format(lp=f"{rule.lp:g}")
-  return (
-    f"s = {_SCORE.get(rule.score, rule.score)}; top-{K} on {sel}{groups}; {norm}; a = {alpha}"
-  )
+  return f"s = {_SCORE.get(rule.score, rule.score)}; top-{K} on {sel}{groups}; {norm}; a = {alpha}"
 
 
 def describe_shared(moe, rule: routing.MergeRule) -> str:
@@ -245,17 +241,15 @@ def describe_losses(c: ml_collections.ConfigDict) -> str:
   lo = c.loss
   # `fraction` was the only convention before the `loss.balance_convention` key.
   convention = lo.get("balance_convention", "fraction")
-  parts = ["balance: off"]
+  balance = "off"
   if lo.balance_weight > 0:
-    parts = [
-      f"balance: {lo.balance_weight:g} E sum_i f_i P_i per {lo.balance_granularity}, "
-      f"{_BALANCE.get(convention, convention)}, P_i = mean router probability"
-    ]
+    balance = f"{lo.balance_weight:g} E sum_i f_i P_i per {lo.balance_granularity}, "
+    balance += f"{_BALANCE.get(convention, convention)}, P_i = mean router probability"
   z = f"{lo.z_loss_weight:g} mean(logsumexp(z)^2)" if lo.z_loss_weight > 0 else "off"
   bias = "off"
   if lo.bias_update_rate > 0:
     bias = f"b_i += {lo.bias_update_rate:g} sign(mean load - load_i) per step"
-  return "; ".join(parts + [f"z-loss: {z}", f"bias update: {bias}"])
+  return f"balance: {balance}; z-loss: {z}; bias update: {bias}"
 
 
 def describe_mesh(m: ml_collections.ConfigDict) -> str:
@@ -359,6 +353,7 @@ def main(argv: list[str]) -> int:
   cli.parse_flags(argv, config)
   if config.value is None:
     cli.fail("--config is required, e.g. --config configs/full/mixtral.py")
+  config_lib.validate(config.value)
   vocab, note = nominal_vocab(config.value)
   ws = worksheet(config.value, vocab)
   if as_json.value:
