@@ -20,6 +20,7 @@ import dataclasses
 import importlib.util
 import math
 import sys
+import textwrap
 from typing import NamedTuple
 
 import jax
@@ -34,14 +35,14 @@ ARCHITECTURE = "decoder-only Transformer: pre-norm RMSNorm, RoPE, SwiGLU, no bia
 
 # Parameter group -> how it is counted (the order is the worksheet's).
 GROUPS: dict[str, str] = {
-  "embeddings": "token table V x D; whole in both columns",
-  "lm_head": "output projection D x V; 0 when tied (the embedding table serves both)",
-  "attention": "q, k, v, o projections of every layer",
-  "norms": "RMSNorm scales: 2 per layer, the final norm, QK-norm",
-  "dense_ffn": "SwiGLU of the dense (non-MoE) layers",
-  "router": "router kernels D x E (the selection bias b is state, not a parameter)",
-  "shared_experts": "always-on shared SwiGLU (and its sigmoid gate); whole in both columns",
-  "routed_experts": "E SwiGLU experts of 3 D F per MoE layer; active: K of E",
+  "embeddings": "V x D lookup table",
+  "lm_head": "D x V output; 0 when tied",
+  "attention": "q, k, v, o of every layer",
+  "norms": "RMSNorm scales (2/layer, final, QK)",
+  "dense_ffn": "SwiGLU of the dense layers",
+  "router": "D x E per MoE layer (b: state)",
+  "shared_experts": "shared SwiGLU (+ gate), always on",
+  "routed_experts": "E x 3 D F per MoE layer; K of E",
 }
 # Module name under a block's `mlp` -> group.
 _MLP_PARTS = {
@@ -55,9 +56,9 @@ _MLP_PARTS = {
 }
 # Published-count conventions: name -> (groups left out, where it is used).
 CONVENTIONS: dict[str, tuple[tuple[str, ...], str]] = {
-  "all": ((), "embeddings and LM head included (Mixtral, Qwen, OLMoE, DBRX, DeepSeek totals)"),
-  "no_input_embedding": (("embeddings",), "LM head kept, lookup table out (DeepSeek-V3 active)"),
-  "non_embedding": (("embeddings", "lm_head"), "both out (Qwen's 'non-embedding' counts)"),
+  "all": ((), "everything: the published totals"),
+  "no_input_embedding": (("embeddings",), "no lookup table: DeepSeek-V3 active"),
+  "non_embedding": (("embeddings", "lm_head"), "no table, no head: 'non-embedding'"),
 }
 _SCORE = {"softmax": "softmax over all E logits", "sigmoid": "sigmoid of each logit"}
 _NORM = {
@@ -255,7 +256,7 @@ def describe_losses(c: ml_collections.ConfigDict) -> str:
 def describe_mesh(m: ml_collections.ConfigDict) -> str:
   sizes = ", ".join(f"{a}={m[a]}" for a in sharding.AXES)
   return (
-    f"({sizes}; data=-1 takes the devices left): batch over data x fsdp, routed expert "
+    f"{sizes} (data=-1: the devices left); batch over data x fsdp, routed expert "
     f"weights' E axis over expert, other matrices' first axis over fsdp"
   )
 
@@ -292,25 +293,26 @@ def _billions(n: int) -> str:
   return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
 
 
+def _row(label: str, text: str) -> str:
+  return textwrap.fill(text, width=100, initial_indent=f"  {label:<16}", subsequent_indent=" " * 18)
+
+
 def format_worksheet(ws: Worksheet, title: str = "") -> str:
-  """The worksheet as aligned text."""
+  """The worksheet as aligned text, at most 100 columns."""
   tied = "tied LM head" if ws.group("lm_head").total == 0 else "untied LM head"
-  lines = [f"worksheet{': ' + title if title else ''}"]
-  rows = [
-    ("architecture", f"{ws.architecture}; {ws.n_layers} layers, d_model {ws.d_model},"),
-    ("", f"vocab {ws.vocab_size}, {tied}"),
-    ("attention", ws.attention),
-    ("parameters", "from jax.eval_shape of moejax.model.Transformer (nothing allocated);"),
-    ("", "active = read per token at k1 = K"),
-  ]
-  lines += [f"  {k:<16}{v}" for k, v in rows]
-  lines.append(f"    {'group':<20}{'total':>17}{'active':>17}  counted as")
+  arch = f"{ws.architecture}; {ws.n_layers} layers, d_model {ws.d_model}, vocab "
+  arch += f"{ws.vocab_size}, {tied}"
+  counted = "from jax.eval_shape of moejax.model.Transformer (nothing allocated); active ="
+  counted += " what one token reads at k1 = K"
+  lines = [f"worksheet{': ' + title if title else ''}", _row("architecture", arch)]
+  lines += [_row("attention", ws.attention), _row("parameters", counted)]
+  lines.append(f"    {'group':<18}{'total':>17}{'active':>17}  counted as")
   for g in ws.groups:
-    lines.append(f"    {g.name:<20}{g.total:>17,}{g.active:>17,}  {GROUPS[g.name]}")
+    lines.append(f"    {g.name:<18}{g.total:>17,}{g.active:>17,}  {GROUPS[g.name]}")
   for name, (total, active) in ws.conventions.items():
     label = "total" if name == "all" else name
-    note = f"{_billions(total)} / {_billions(active)}; {CONVENTIONS[name][1]}"
-    lines.append(f"    {label:<20}{total:>17,}{active:>17,}  {note}")
+    lines.append(f"    {label:<18}{total:>17,}{active:>17,}  {CONVENTIONS[name][1]}")
+  lines.append(f"    {'':<18}{_billions(ws.total):>17}{_billions(ws.active):>17}")
   rows = [
     ("sparse layers", ws.placement),
     ("routed experts", ws.experts),
@@ -321,8 +323,7 @@ def format_worksheet(ws: Worksheet, title: str = "") -> str:
     ("mesh", ws.mesh),
     ("not modelled", ws.not_modelled),
   ]
-  lines += [f"  {k:<16}{v}" for k, v in rows]
-  return "\n".join(lines)
+  return "\n".join(lines + [_row(k, v) for k, v in rows])
 
 
 def load_config(path: str, arg: str = "") -> ml_collections.ConfigDict:
