@@ -122,6 +122,9 @@ def test_placement_is_every_moe_every_th_layer_after_first_dense():
   ws = describe.worksheet(tiny(n_layers=9, first_dense=2, moe_every=3), 0)
   assert ws.moe_layers == tuple(i for i in range(9) if i >= 2 and (i - 2) % 3 == 0)
   assert "3 of 9 layers MoE: 2, 5, 8" in ws.placement
+  dense = describe.worksheet(tiny(moe_every=0), 0)
+  assert dense.moe_layers == () and dense.total == dense.active and dense.experts == "none"
+  assert dense.group("dense_ffn").total == 3 * 3 * 8 * 12
 
 
 def test_parameters_are_only_shapes():
