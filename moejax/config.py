@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     init_std=0.02,
     moe_every=1,
     first_dense=0,
+    not_modelled="",  # what the source architecture has that this model lacks (worksheet)
     moe=dict(
       rule="mixtral",
       n_experts=8,

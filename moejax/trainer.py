@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from moejax import checkpoint, config as config_lib, optim, sharding, step as step_lib, tracking
+from moejax import describe
 from moejax.data import Data, make_data
 from moejax.errors import UserError
 from moejax.model import Transformer
@@ -92,6 +93,7 @@ def resolved_config(run: Run) -> dict:
     "git_commit": tracking.git_commit(),
     "devices": jax.device_count(),
     "backend": jax.default_backend(),
+    "worksheet": describe.worksheet(run.config, run.data.tokenizer.vocab_size).to_dict(),
   }
   return out
 

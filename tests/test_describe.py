@@ -1,0 +1,193 @@
+"""The worksheet: counts by hand formula, full-size twins against their published counts."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import jax
+import ml_collections
+import pytest
+
+from moejax import config as config_lib
+from moejax import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "configs" / "full"
+
+# Twin -> (scaled preset it extends, published total, published active), in parameters.
+# Every one is reproduced by the `all` convention: embedding table and LM head counted.
+PUBLISHED = {
+  "mixtral": ("mixtral", 46.7e9, 12.9e9),
+  "deepseekmoe": ("deepseekmoe", 16.4e9, 2.8e9),
+  "qwen2_moe": ("qwen2_moe", 14.3e9, 2.7e9),
+  "qwen3_moe": ("qwen3_moe", 30.5e9, 3.3e9),
+  "olmoe": ("olmoe", 6.9e9, 1.3e9),
+  "dbrx": ("dbrx", 132e9, 36e9),
+}
+
+
+def key_paths(d, prefix: str = "") -> set[str]:
+  d = d.to_dict() if isinstance(d, ml_collections.ConfigDict) else d
+  out = set()
+  for k, v in d.items():
+    out |= key_paths(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+  return out
+
+
+@pytest.fixture(scope="module")
+def sheets():
+  """Worksheets of the full-size twins, built once (eval_shape of up to 671B parameters)."""
+  names = [*PUBLISHED, "deepseek_v3"]
+  return {n: describe.worksheet(describe.load_config(str(FULL / f"{n}.py")), 0) for n in names}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_twin_matches_published_counts(name, sheets):
+  _, total, active = PUBLISHED[name]
+  ws = sheets[name]
+  assert abs(ws.total / total - 1) < 0.02, (ws.total, total)
+  assert abs(ws.active / active - 1) < 0.02, (ws.active, active)
+
+
+def test_every_twin_is_a_complete_valid_config_extending_its_preset():
+  base = key_paths(config_lib.base_config())
+  for name in [*PUBLISHED, "deepseek_v3"]:
+    c = describe.load_config(str(FULL / f"{name}.py"))
+    preset = describe.load_config(str(ROOT / "configs" / f"{name}.py"))
+    assert key_paths(c) == base, name
+    config_lib.validate(c)
+    assert c.model.moe.rule == preset.model.moe.rule
+    assert c.loss.to_dict() == preset.loss.to_dict()
+
+
+def mla_params_per_layer() -> int:
+  """DeepSeek-V3's MLA attention, from its config.json (q/kv LoRA ranks, head dims)."""
+  D, H, q_rank, kv_rank, nope, rope, v = 7168, 128, 1536, 512, 128, 64, 128
+  q = D * q_rank + q_rank + q_rank * H * (nope + rope)  # q_a_proj, q_a_layernorm, q_b_proj
+  kv = D * (kv_rank + rope) + kv_rank + kv_rank * H * (nope + v)  # kv_a, kv_a_layernorm, kv_b
+  return q + kv + H * v * D  # o_proj
+
+
+def test_deepseek_v3_differs_from_published_by_its_attention_only(sheets):
+  """671B total (without MTP) and 36.6B active without the input embedding (DeepSeek's
+  README_WEIGHTS.md): the GQA stand-in's attention swapped for MLA's count reproduces both."""
+  ws = sheets["deepseek_v3"]
+  gqa = ws.group("attention").total
+  assert gqa == 61 * (2 * 7168 * 128 * 128 + 2 * 7168 * 8 * 128)
+  mla = 61 * mla_params_per_layer()
+  total, active = ws.conventions["no_input_embedding"]
+  assert abs((ws.total - gqa + mla) / 671e9 - 1) < 0.02
+  assert abs((active - gqa + mla) / 36.6e9 - 1) < 0.02
+  assert 0 < ws.total - 671e9 < 0.01 * 671e9  # as computed: 674.8B, GQA has more attention
+  assert ws.total - total == ws.group("embeddings").total == 129280 * 7168
+
+
+def tiny(**model) -> ml_collections.ConfigDict:
+  c = config_lib.base_config()
+  c.model.update(vocab_size=11, d_model=8, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=4)
+  c.model.update({"d_ff": 12, "qk_norm": True, "tie_embeddings": False, "first_dense": 1, **model})
+  c.model.moe.update(rule="qwen2_moe", n_experts=4, top_k=2, d_expert=6, d_shared=10)
+  return c
+
+
+def test_groups_match_hand_formulas():
+  V, D, L, H, G, hd, F_dense, E, K, F, S = 11, 8, 3, 2, 1, 4, 12, 4, 2, 6, 10
+  n_moe = 2  # layers 1 and 2
+  want = {
+    "embeddings": V * D,
+    "lm_head": D * V,
+    "attention": L * (D * H * hd + 2 * D * G * hd + H * hd * D),
+    "norms": L * (2 * D + 2 * hd) + D,
+    "dense_ffn": 3 * D * F_dense,
+    "router": n_moe * D * E,
+    "shared_experts": n_moe * (3 * D * S + D),  # + the sigmoid gate's D x 1 kernel
+    "routed_experts": n_moe * E * 3 * D * F,
+  }
+  ws = describe.worksheet(tiny(), 0)
+  assert {g.name: g.total for g in ws.groups} == want
+  assert ws.group("routed_experts").active == want["routed_experts"] * K // E
+  assert ws.active == sum(want.values()) - want["routed_experts"] * (E - K) // E
+  assert ws.conventions["non_embedding"][0] == sum(want.values()) - 2 * V * D
+  tied = describe.worksheet(tiny(tie_embeddings=True), 0)
+  assert tied.group("lm_head").total == 0 and tied.total == ws.total - D * V
+
+
+def test_placement_is_every_moe_every_th_layer_after_first_dense():
+  ws = describe.worksheet(tiny(n_layers=9, first_dense=2, moe_every=3), 0)
+  assert ws.moe_layers == tuple(i for i in range(9) if i >= 2 and (i - 2) % 3 == 0)
+  assert "3 of 9 layers MoE: 2, 5, 8" in ws.placement
+  dense = describe.worksheet(tiny(moe_every=0), 0)
+  assert dense.moe_layers == () and dense.total == dense.active and dense.experts == "none"
+  assert dense.group("dense_ffn").total == 3 * 3 * 8 * 12
+
+
+def test_parameters_are_only_shapes():
+  mc = config_lib.model_config(describe.load_config(str(FULL / "olmoe.py")), 0)
+  leaves = jax.tree_util.tree_leaves(describe.abstract_params(mc))
+  assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def test_an_unknown_parameter_path_is_an_error():
+  with pytest.raises(ValueError, match="no worksheet group"):
+    describe.group_of(("layers", "0", "mystery", "kernel"))
+
+
+def test_text_states_router_capacity_losses_and_mesh(sheets):
+  c = describe.load_config(str(ROOT / "configs" / "gshard.py"))
+  ws = describe.worksheet(c, 257)
+  m = c.model.moe
+  G = m.group_size or c.data.batch_size * c.data.seq_len // c.train.grad_accum
+  cap = max(m.min_capacity, math.ceil(m.capacity_factor * m.top_k * G / m.n_experts))
+  text = describe.format_worksheet(ws)
+  for fact in (
+    "decoder-only",
+    f"top-{m.top_k}",
+    f"C = {min(cap, G)}",
+    f"priority {m.drop_policy}",
+    f"balance: {c.loss.balance_weight:g} E",
+    "mesh",
+    "expert=1",
+  ):
+    assert fact in text, fact
+  v3 = describe.format_worksheet(sheets["deepseek_v3"])
+  for fact in ("sigmoid", "s + b", "best 4 of 8 groups", "a = 2.5", "MLA", "58 of 61 layers MoE"):
+    assert fact in v3, fact
+
+
+def test_trainer_records_the_worksheet():
+  """config.json's resolved.worksheet; its counts agree with the trainer's own count."""
+  from moejax import trainer  # pylint: disable=import-outside-toplevel
+
+  c = tiny(vocab_size=0)
+  params = describe.abstract_params(config_lib.model_config(c, 257))
+  n_params, n_active = trainer.count_params(params, config_lib.moe_config(c))
+  tokenizer = types.SimpleNamespace(vocab_size=257)
+  data = types.SimpleNamespace(tokenizer=tokenizer, describe=dict)
+  run = types.SimpleNamespace(config=c, data=data, n_params=n_params, n_active=n_active)
+  ws = trainer.resolved_config(run)["resolved"]["worksheet"]
+  assert (ws["total"], ws["active"]) == (n_params, n_active)
+  assert ws["vocab_size"] == 257 and ws["groups"]["embeddings"]["total"] == 257 * 8
+  json.dumps(ws)  # config.json and the wandb config take it as is
+
+
+def _describe(*args: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "moejax.describe", *args]
+  return subprocess.run(
+    cmd, check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+  )
+
+
+def test_cli_prints_the_worksheet_with_overrides():
+  out = _describe("--config", "configs/full/olmoe.py", "--config.model.moe.top_k=4")
+  assert out.returncode == 0, out.stderr
+  assert "64 routed, top-4, width 1024" in out.stdout
+  bad = _describe("--config", "configs/full/olmoe.py", "--config.model.moe.nope=1")
+  assert bad.returncode == 2
+  assert bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
