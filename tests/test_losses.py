@@ -248,7 +248,9 @@ def test_balance_conventions_match_numpy(choices, convention, granularity):
   )
   flat_p, flat_e = probs.reshape(-1, E), experts.reshape(-1, K)
   groups = [np.arange(B * L)] if granularity == "global_batch" else np.split(np.arange(B * L), B)
-  want = _np_convention_balance(flat_p, flat_e, E, choices=choices, convention=convention, groups=groups)
+  want = _np_convention_balance(
+    flat_p, flat_e, E, choices=choices, convention=convention, groups=groups
+  )
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
   # Balanced routing gives 1 (fraction) or the choices per token (count): the scale a
   # copied coefficient is calibrated to.
