@@ -5,7 +5,8 @@ Copied from the public configuration (databricks/dbrx-base config.json ffn_confi
   * Softmax over all experts, top-k weights divided by their L1 norm
     (moe_normalize_expert_weights = 1, `dbrx` rule); no router jitter (moe_jitter_eps 0).
   * Load-balancing loss moe_loss_weight 0.05 (released config; the HF DbrxFFNConfig default
-    is 0.01), over each rank's micro-batch as in MegaBlocks. No z-loss.
+    is 0.01), over each rank's micro-batch as in MegaBlocks. No z-loss. Balance convention
+    `fraction` (MegaBlocks `batched_load_balancing_loss`: E / (T * K) * sum_i count_i P_i).
   * GQA 48 query / 8 kv heads, untied embeddings, RoPE theta 5e5.
 Scaled down: d_model 6144 -> 64, 40 layers -> 4, expert width 10752 (1.75x d_model) -> 112
 (1.75x). Not modelled: clip_qkv = 8, LayerNorm (RMSNorm here).
@@ -37,5 +38,10 @@ def get_config() -> ml_collections.ConfigDict:
     dispatch="dropless",
     jitter_eps=0.0,
   )
-  c.loss.update(balance_weight=0.05, balance_granularity="micro_batch", z_loss_weight=0.0)
+  c.loss.update(
+    balance_convention="fraction",
+    balance_weight=0.05,
+    balance_granularity="micro_batch",
+    z_loss_weight=0.0,
+  )
   return c

@@ -9,7 +9,8 @@ Copied from the public configuration (technical report; deepseek-ai/DeepSeek-V3 
   * First 3 of 61 layers dense, the rest MoE, dropless.
   * Aux-loss-free balancing: bias update speed gamma = 0.001 (b_i += gamma * sign(mean load -
     load_i); the report sets it to 0 for the last 500B tokens, not modelled), plus a
-    complementary sequence-wise balance loss with alpha = 0.0001. No z-loss. Untied embeddings.
+    complementary sequence-wise balance loss with alpha = 0.0001 (convention `fraction`:
+    f_i = E / (K * T) * count_i in the report). No z-loss. Untied embeddings.
 Scaled down: 256 experts -> 16 in 8 groups of 2 (keep 4 groups = 8 candidate experts), top-8
 -> 4, 61 layers -> 4 with 1 dense, d_model 7168 -> 64, expert width 2048 -> 32, shared width
 1 x 32, dense d_ff ~ (top-k + shared) x expert width. MLA attention and MTP are not modelled.
@@ -44,6 +45,10 @@ def get_config() -> ml_collections.ConfigDict:
     topk_groups=4,
   )
   c.loss.update(
-    balance_weight=0.0001, balance_granularity="sequence", z_loss_weight=0.0, bias_update_rate=0.001
+    balance_convention="fraction",
+    balance_weight=0.0001,
+    balance_granularity="sequence",
+    z_loss_weight=0.0,
+    bias_update_rate=0.001,
   )
   return c

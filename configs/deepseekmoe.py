@@ -7,7 +7,9 @@ uses the same MoE settings):
     (`deepseek_v2_lite` rule).
   * First layer dense (first_k_dense_replace = 1), every later layer MoE, dropless.
   * Expert-level balance loss aux_loss_alpha = 0.001 computed per sequence (seq_aux true).
-    No z-loss. Untied embeddings; 16B uses full multi-head attention.
+    No z-loss. Balance convention `fraction`: the paper's f_i = E / (K * T) * count_i gives
+    alpha * E * sum_i (count_i / (K T)) P_i. Untied embeddings; 16B uses full multi-head
+    attention.
 Scaled down: 64 experts -> 16, top-6 -> 4, 28 layers -> 4, d_model 2048 -> 64, expert width
 1408 (~0.7x d_model) -> 32; shared width d_shared = 2 x 32. The dense first layer keeps the
 16B ratio d_ff ~ (top-k + shared) x expert width. V2-Lite's MLA attention is not modelled.
@@ -39,5 +41,10 @@ def get_config() -> ml_collections.ConfigDict:
     d_shared=n_shared * d_expert,
     dispatch="dropless",
   )
-  c.loss.update(balance_weight=0.001, balance_granularity="sequence", z_loss_weight=0.0)
+  c.loss.update(
+    balance_convention="fraction",
+    balance_weight=0.001,
+    balance_granularity="sequence",
+    z_loss_weight=0.0,
+  )
   return c

@@ -7,8 +7,12 @@ Copied from the public description (paper; lingvo/fairscale Top2Gate):
     and each expert takes C = 2S/E tokens per group, i.e. capacity_factor 1.0 in our
     C = cf * K * S / E; here one group per sequence (group_size = seq_len).
   * MoE replaces every other FFN layer (odd layers here).
-  * Auxiliary load-balancing loss; its weight here is ~0.01 (a common choice, not a value
-    verified from the paper), over the local batch. No z-loss. No shared expert.
+  * Auxiliary load-balancing loss as lingvo's `top2_gating`: f counts top-1 choices only
+    (`balance_choices="top1"`, density_1 before capacity), per routing group, averaged over
+    groups: one group per sequence here, so `balance_granularity="sequence"`. Its weight
+    here is ~0.01 (a common choice, not a value verified from the paper). No z-loss.
+  * The random second expert also applies at eval (lingvo has no train/eval switch), with a
+    fixed eval seed (`eval_second_expert="same"`). No shared expert.
 Scaled down: 2048 experts (600B MT model) -> 8; encoder-decoder -> 4-layer decoder-only LM,
 d_model 64, d_expert 128. eval_capacity_factor 2.0 is this framework's default, not GShard's.
 """
@@ -36,5 +40,11 @@ def get_config() -> ml_collections.ConfigDict:
     second_expert="random",
     group_size=128,
   )
-  c.loss.update(balance_weight=0.01, balance_granularity="micro_batch", z_loss_weight=0.0)
+  c.loss.update(
+    balance_weight=0.01,
+    balance_granularity="sequence",
+    balance_choices="top1",
+    balance_convention="fraction",
+    z_loss_weight=0.0,
+  )
   return c

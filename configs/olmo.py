@@ -5,7 +5,8 @@ Copied from the public OLMo-core MoE configuration (TransformerConfig small/llam
     shared MLP at unit gain; softmax, top-k renormalized, then rescaled so the routed
     weights sum to K (restore_weight_scale) (`olmo` rule: sum r_i = K, c(x) = 1).
   * Load-balancing loss weight 0.01 and router z-loss weight 0.001; balance over the local
-    micro-batch. Every layer MoE, dropless.
+    micro-batch. Every layer MoE, dropless. Balance convention `fraction` (OLMo-core's
+    load-balancing loss divides the counts by tokens * top_k, as MegaBlocks does).
   * QK-norm; untied embeddings (approximately: the OLMo 2 convention).
   * Widths: expert 0.5 x d_model, shared MLP 2 x d_model (so the shared MLP is 4 experts wide).
 Scaled down: 32 experts -> 16, top-4 kept, d_model -> 64, 4 layers, expert width 32, shared
@@ -38,5 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
     d_shared=2 * d_model,
     dispatch="dropless",
   )
-  c.loss.update(balance_weight=0.01, balance_granularity="micro_batch", z_loss_weight=0.001)
+  c.loss.update(
+    balance_convention="fraction",
+    balance_weight=0.01,
+    balance_granularity="micro_batch",
+    z_loss_weight=0.001,
+  )
   return c

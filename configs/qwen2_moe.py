@@ -6,8 +6,9 @@ Copied from the public configuration (Qwen/Qwen1.5-MoE-A2.7B config.json, HF Qwe
     sigmoid(x . w_g) (`qwen2_moe` rule).
   * Every layer MoE (decoder_sparse_step 1), dropless.
   * router_aux_loss_coef 0.001, over the forward batch (HF: `micro_batch`). No z-loss.
-  * Note: HF's balance loss sums f over the K choices (balanced value K); moejax normalizes
-    sum f = 1 (balanced value 1), so this public weight acts K times weaker here.
+  * Balance convention `count` (transformers `load_balancing_loss_func`: f_i = share of
+    tokens choosing expert i, summed over the K choices, so sum f = K and the balanced value
+    is K), so the copied weight acts as strongly as it does there.
   * Full multi-head attention, untied embeddings, no QK-norm. (QKV biases not modelled.)
 Scaled down: 60 experts -> 16, top-4 kept, 24 layers -> 4, d_model 2048 -> 64, expert width
 1408 -> 32, shared width 4 x 32 = 128 (same 4:1 ratio). Qwen2-57B-A14B (64 experts, top-8,
@@ -40,5 +41,10 @@ def get_config() -> ml_collections.ConfigDict:
     d_shared=4 * d_expert,
     dispatch="dropless",
   )
-  c.loss.update(balance_weight=0.001, balance_granularity="micro_batch", z_loss_weight=0.0)
+  c.loss.update(
+    balance_convention="count",
+    balance_weight=0.001,
+    balance_granularity="micro_batch",
+    z_loss_weight=0.0,
+  )
   return c

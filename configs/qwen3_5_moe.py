@@ -7,8 +7,9 @@ on Qwen3.5-35B-A3B; Qwen3-Next-80B-A3B is the same MoE design with 512 experts, 
     sigmoid(x . w_g) (`qwen3_5_moe` rule). Every layer MoE, dropless.
   * router_aux_loss_coef 0.001; balanced over the global batch as in Qwen3 (the Qwen3.5
     training recipe itself is not public in that detail). No z-loss.
-  * Note: HF's balance loss sums f over the K choices (balanced value K); moejax normalizes
-    sum f = 1 (balanced value 1), so this public weight acts K times weaker here.
+  * Balance convention `count` (transformers `load_balancing_loss_func`: f_i = share of
+    tokens choosing expert i, summed over the K choices, so sum f = K and the balanced value
+    is K), so the copied weight acts as strongly as it does there.
   * QK-norm, GQA 16 query / 2 kv heads, untied embeddings.
 Scaled down: 256 experts -> 16, top-8 -> 4, 40 layers -> 4, d_model 2048 -> 64, expert and
 shared width 512 -> 32. Not modelled: the 3:1 Gated DeltaNet / gated-attention hybrid, partial
@@ -41,5 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
     d_shared=1 * d_expert,
     dispatch="dropless",
   )
-  c.loss.update(balance_weight=0.001, balance_granularity="global_batch", z_loss_weight=0.0)
+  c.loss.update(
+    balance_convention="count",
+    balance_weight=0.001,
+    balance_granularity="global_batch",
+    z_loss_weight=0.0,
+  )
   return c

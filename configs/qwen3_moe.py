@@ -5,8 +5,9 @@ Copied from the public configuration (Qwen/Qwen3-30B-A3B config.json; Qwen3 repo
     (norm_topk_prob true, `qwen3_moe` rule). Every layer MoE, dropless.
   * Load-balancing loss router_aux_loss_coef 0.001, with global-batch balancing (the report
     computes the balance statistics over the global batch, not each micro-batch). No z-loss.
-  * Note: HF's balance loss sums f over the K choices (balanced value K); moejax normalizes
-    sum f = 1 (balanced value 1), so this public weight acts K times weaker here.
+  * Balance convention `count` (transformers `load_balancing_loss_func`: f_i = share of
+    tokens choosing expert i, summed over the K choices, so sum f = K and the balanced value
+    is K), so the copied weight acts as strongly as it does there.
   * QK-norm (RMSNorm on q and k per head), GQA 32 query / 4 kv heads, untied embeddings
     (30B-A3B; the small dense Qwen3 models tie them).
 Scaled down: 128 experts -> 16, top-8 -> 4, 48 layers -> 4, d_model 2048 -> 64, expert width
@@ -33,5 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.moe.update(
     rule="qwen3_moe", n_experts=16, top_k=4, d_expert=32, d_shared=0, dispatch="dropless"
   )
-  c.loss.update(balance_weight=0.001, balance_granularity="global_batch", z_loss_weight=0.0)
+  c.loss.update(
+    balance_convention="count",
+    balance_weight=0.001,
+    balance_granularity="global_batch",
+    z_loss_weight=0.0,
+  )
   return c

@@ -7,6 +7,8 @@ Copied from the public configuration (paper; HF SwitchTransformers configs):
   * Multiplicative router-input jitter x * U(1 - 0.01, 1 + 0.01) in training.
   * Load-balancing loss weight alpha = 0.01, computed over each core's local batch
     (`micro_batch`); no router z-loss (z-loss was introduced later, by ST-MoE).
+  * Balance convention `count` (flaxformer / HF SwitchTransformers: f_i = share of tokens
+    routed to i); with top-1 it equals `fraction`.
   * MoE replaces every other FFN: odd layers (HF encoder/decoder_sparse_step = 2).
   * No shared expert; full-attention heads (no GQA).
 Scaled down: 128 experts (Switch-Base) -> 8; encoder-decoder T5 -> 4-layer decoder-only LM,
@@ -35,5 +37,10 @@ def get_config() -> ml_collections.ConfigDict:
     drop_policy="position",
     jitter_eps=0.01,
   )
-  c.loss.update(balance_weight=0.01, balance_granularity="micro_batch", z_loss_weight=0.0)
+  c.loss.update(
+    balance_convention="count",
+    balance_weight=0.01,
+    balance_granularity="micro_batch",
+    z_loss_weight=0.0,
+  )
   return c

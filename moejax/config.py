@@ -11,14 +11,18 @@ import json
 import os
 
 import ml_collections
+from ml_collections import config_dict
 
 from moejax import data as data_lib
 from moejax import routing
+from moejax import step as step_lib
 from moejax.errors import UserError
 from moejax.model import ModelConfig
 from moejax.moe import MoEConfig
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
+# Rule fields settable as `model.moe.<field>` (n_groups/topk_groups: 0 means unset).
+RULE_OVERRIDES = ("score", "norm", "lp", "scale", "shared", "selection_bias", "group_score")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -55,16 +59,22 @@ def base_config() -> ml_collections.ConfigDict:
       drop_policy="position",
       group_size=0,
       second_expert="all",
+      eval_second_expert="same",  # "same": the random second expert at eval too; "all"
       impl="auto",
       block_size=32,
       jitter_eps=0.0,
-      n_groups=0,
+      expert_init_std=0.0,  # routed experts' init std; 0: model.init_std
+      n_groups=0,  # 0: the rule's own grouping
       topk_groups=0,
-    ),  # 0: the rule's own grouping
+      # Merge-rule fields; None (unset): the named rule's value (routing.compose_rule).
+      **{f: config_dict.placeholder(object) for f in RULE_OVERRIDES},
+    ),
   )
   c.loss = dict(
     balance_weight=0.01,
     balance_granularity="global_batch",
+    balance_convention="fraction",  # losses.BALANCE_CONVENTIONS
+    balance_choices="all",  # losses.BALANCE_CHOICES
     z_loss_weight=0.001,
     bias_update_rate=0.0,
   )
@@ -116,14 +126,44 @@ def _build(cls, node: ml_collections.ConfigDict, **overrides):
   return cls(**{k: v for k, v in node.items() if k in names and k not in overrides}, **overrides)
 
 
-def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
-  """Builds the MoEConfig, applying group overrides to the named rule."""
+def merge_rule(c: ml_collections.ConfigDict) -> routing.MergeRule:
+  """The resolved rule: `model.moe.rule` with every set `model.moe.<field>` applied."""
   m = c.model.moe
-  rule = routing.get_rule(m.rule)
-  if m.n_groups or m.topk_groups:
-    rule = dataclasses.replace(
-      rule, n_groups=m.n_groups or rule.n_groups, topk_groups=m.topk_groups or rule.topk_groups
+  overrides = {f: m[f] for f in RULE_OVERRIDES if m.get(f) is not None}
+  overrides.update({f: m[f] for f in ("n_groups", "topk_groups") if m[f]})
+  rule = routing.compose_rule(m.rule, overrides)
+  unbuilt = rule.shared in ("unit", "sigmoid") and m.d_shared == 0  # no shared expert
+  if unbuilt and m.get("shared") is not None and rule.shared != routing.get_rule(m.rule).shared:
+    raise UserError(
+      f"model.moe.shared={rule.shared!r} has no effect with model.moe.d_shared=0; "
+      "set model.moe.d_shared > 0"
     )
+  return rule
+
+
+def resolved_rule(c: ml_collections.ConfigDict) -> dict:
+  """config.json `resolved.rule`: every field of the rule the run trains with."""
+  return routing.rule_dict(merge_rule(c))
+
+
+def check_resolved_rule(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
+  """A resumed run must route as the saved one did: refuses a changed resolved field."""
+  old = saved.get("resolved", {}).get("rule")
+  if not old:
+    return
+  new = resolved_rule(c)
+  for field, value in new.items():
+    if field in old and old[field] != value:
+      raise UserError(
+        f"model.moe.{field}={value!r} differs from the resolved rule in {path} "
+        f"({old[field]!r}); resume with the same rule or use a new --workdir"
+      )
+
+
+def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
+  """Builds the MoEConfig with the resolved merge rule (`merge_rule`)."""
+  m = c.model.moe
+  rule = merge_rule(c)
   return _build(
     MoEConfig,
     m,
@@ -196,6 +236,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if not 0 <= c.optim.min_lr_ratio <= 1:
     raise UserError(f"optim.min_lr_ratio={c.optim.min_lr_ratio} is not allowed; use [0, 1]")
   model_config(c, vocab_size=max(c.model.vocab_size, 2))
+  step_lib.LossConfig.from_config(c, n_shards=1)  # checks loss.balance_convention/choices
 
 
 def read_saved(workdir: str) -> dict | None:
@@ -222,4 +263,9 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
         node[key] = value
 
   merge(c, saved)
+  rule = saved.get("resolved", {}).get("rule")
+  if rule:  # the rule the run trained with, whatever RULES says today
+    for field in RULE_OVERRIDES + ("n_groups", "topk_groups"):
+      if field in rule:
+        c.model.moe[field] = rule[field]
   return c

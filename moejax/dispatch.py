@@ -20,8 +20,14 @@ from moejax.permute import take_rows
 
 MODES = ("dropless", "capacity")
 IMPLS = ("auto", "blocked", "ragged")
-DROP_POLICIES = ("position", "score")
+DROP_POLICIES = ("position", "batch_priority", "weight")
+# Old names that are refused with a hint rather than silently reinterpreted.
+RENAMED_DROP_POLICIES = {
+  "score": "drop_policy='score' was renamed 'weight' (each assignment ranked by its own "
+  "weight r_i, Megatron's 'probs'); V-MoE's batch-prioritized routing is 'batch_priority'",
+}
 SECOND_EXPERT = ("all", "random")
+EVAL_SECOND_EXPERT = ("same", "all")
 
 
 class ExpertWeights(NamedTuple):
@@ -115,24 +121,66 @@ def capacity(
   return min(c, group_tokens)
 
 
+class DropOrder(NamedTuple):
+  """Who gets an expert's capacity slots first, per routing group: assignments sorted by
+  `choice` ascending when `choice_major` (every first choice before any second choice),
+  then by `priority_TxK` descending; ties keep token order."""
+
+  priority_TxK: jax.Array
+  choice_major: bool
+
+
+def drop_order(
+  policy: str,
+  experts_TxK: jax.Array,
+  weights_TxK: jax.Array,
+  scores_TxE: jax.Array,
+  group_size: int,
+) -> DropOrder:
+  """The capacity priority of a `drop_policy` (DESIGN.md §3):
+
+  * `position` (Switch, GShard): first choices before second choices, earlier tokens first.
+  * `batch_priority` (V-MoE / flaxformer batch-prioritized routing): first choices before
+    second choices; within each, tokens by their top-1 router probability, highest first.
+  * `weight` (Megatron-Core `moe_token_drop_policy="probs"`): each assignment ranked by
+    its own routed weight r_i, whatever its choice rank.
+  """
+  T, K = experts_TxK.shape
+  if policy == "position":
+    t_TxK = jnp.broadcast_to((jnp.arange(T) % group_size)[:, None], (T, K))
+    return DropOrder(-t_TxK.astype(jnp.float32), True)
+  if policy == "batch_priority":
+    top1_T = jnp.take_along_axis(scores_TxE, experts_TxK[:, :1], -1)[:, 0]
+    return DropOrder(jnp.broadcast_to(top1_T[:, None], (T, K)).astype(jnp.float32), True)
+  if policy == "weight":
+    return DropOrder(weights_TxK.astype(jnp.float32), False)
+  raise UserError(RENAMED_DROP_POLICIES.get(policy, f"drop_policy={policy!r} is unknown"))
+
+
 def capacity_plan(
   experts_TxK: jax.Array,
-  priority_TxK: jax.Array,
+  order: DropOrder,
   n_experts: int,
   cap: int,
   group_size: int,
   keep_TxK: jax.Array | None = None,
 ) -> Plan:
-  """Keeps, per routing group and expert, the `cap` assignments of highest priority.
+  """Keeps, per routing group and expert, the first `cap` assignments in `order`.
 
-  Buffer rows are laid out [group, expert, slot]. `priority_TxK` is larger-is-first.
+  Buffer rows are laid out [group, expert, slot]. An assignment with `keep_TxK` False (a
+  GShard second choice that was not sampled) takes no slot: it is ranked after every kept
+  one, as lingvo clears it before the position cumsum.
   """
   T, K = experts_TxK.shape
   n_groups, G = T // group_size, group_size
+  keep_TxK = jnp.ones((T, K), bool) if keep_TxK is None else keep_TxK
   e_NxA = jnp.asarray(experts_TxK).reshape(n_groups, G * K)
-  pri_NxA = jnp.asarray(priority_TxK).reshape(n_groups, G * K)
-  # Sort by (expert, priority descending); ties keep assignment order.
-  order_NxA = jnp.lexsort((-pri_NxA, e_NxA), axis=-1)
+  pri_NxA = jnp.asarray(order.priority_TxK).reshape(n_groups, G * K)
+  keep_NxA = keep_TxK.reshape(n_groups, G * K)
+  choice_NxA = jnp.tile(jnp.arange(K), (n_groups, G)) * int(order.choice_major)
+  unkept_NxA = (~keep_NxA).astype(jnp.int32)
+  # Sort by (expert, unkept last, choice, priority descending); ties keep assignment order.
+  order_NxA = jnp.lexsort((-pri_NxA, choice_NxA, unkept_NxA, e_NxA), axis=-1)
   e_sorted_NxA = jnp.take_along_axis(e_NxA, order_NxA, -1)
   counts_NxE = jax.vmap(lambda e: jnp.bincount(e, length=n_experts))(e_NxA)
   start_NxE = jnp.cumsum(counts_NxE, -1) - counts_NxE
@@ -142,18 +190,9 @@ def capacity_plan(
     .at[jnp.arange(n_groups)[:, None], order_NxA]
     .set(rank_sorted_NxA)
   )
-  kept_NxA = rank_NxA < cap
-  if keep_TxK is not None:
-    kept_NxA &= keep_TxK.reshape(n_groups, G * K)
+  kept_NxA = (rank_NxA < cap) & keep_NxA
   row_NxA = (jnp.arange(n_groups)[:, None] * n_experts + e_NxA) * cap + rank_NxA
   return _finish_plan(row_NxA.reshape(-1), kept_NxA.reshape(-1), n_groups * n_experts * cap, K)
-
-
-def position_priority(T: int, K: int, group_size: int) -> jax.Array:
-  """Switch/GShard order: all first choices before second choices, earlier tokens first."""
-  t_T = jnp.arange(T) % group_size
-  k_K = jnp.arange(K)
-  return -(k_K[None, :] * group_size + t_T[:, None]).astype(jnp.float32)
 
 
 def random_second_expert(
@@ -217,14 +256,14 @@ def capacity_dispatch(
   *,
   cap: int,
   group_size: int,
-  priority_TxK: jax.Array,
+  order: DropOrder,
   keep_TxK: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Capacity-limited dispatch; returns (y_TxD, kept_TxK)."""
   T, K = experts_TxK.shape
   check_group_size(group_size, T)
   E = ex.w_gate_ExDxF.shape[0]
-  plan = capacity_plan(experts_TxK, priority_TxK, E, cap, group_size, keep_TxK)
+  plan = capacity_plan(experts_TxK, order, E, cap, group_size, keep_TxK)
   ex = _cast(ex, x_TxD.dtype)
   expert_N = jnp.tile(jnp.arange(E, dtype=jnp.int32), T // group_size)
   N = expert_N.shape[0]
@@ -244,12 +283,17 @@ def validate_dispatch(
   min_capacity: int,
   group_size: int | None,
   n_tokens: int | None = None,
+  *,
+  eval_second_expert: str = "same",
 ) -> None:
   """Raises `UserError` naming the dispatch field that is out of range."""
+  if drop_policy in RENAMED_DROP_POLICIES:
+    raise UserError(RENAMED_DROP_POLICIES[drop_policy])
   for field, value, allowed in (
     ("dispatch", mode, MODES),
     ("drop_policy", drop_policy, DROP_POLICIES),
     ("second_expert", second_expert, SECOND_EXPERT),
+    ("eval_second_expert", eval_second_expert, EVAL_SECOND_EXPERT),
     ("impl", impl, IMPLS),
   ):
     if value not in allowed:

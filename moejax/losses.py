@@ -13,6 +13,11 @@ import numpy as np
 from moejax.errors import UserError
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
+# f_i = assignments to i over all counted assignments (Σf = 1: Megatron, MegaBlocks,
+# OLMo-core, DeepSeek) or over tokens (Σf = choices per token: HF, MaxText, flaxformer).
+BALANCE_CONVENTIONS = ("fraction", "count")
+# Which choices count in f: every one of the top-k, or the top-1 only (GShard/lingvo).
+BALANCE_CHOICES = ("all", "top1")
 
 
 def cross_entropy(
@@ -46,17 +51,38 @@ def accuracy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
   return (jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL).astype(jnp.float32)
 
 
+def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise UserError(f"{name}={value!r} is not allowed; use one of {', '.join(allowed)}")
+
+
+def balance_assignments(experts_BxLxK: jax.Array, n_experts: int, choices: str) -> jax.Array:
+  """0/1 per token and expert of the choices the balance loss counts (`loss.balance_choices`):
+  all K selected experts, or only the top-1 (GShard's lingvo `top2_gating` density_1)."""
+  _check("loss.balance_choices", choices, BALANCE_CHOICES)
+  e_BxLxK = experts_BxLxK[..., :1] if choices == "top1" else experts_BxLxK
+  return jax.nn.one_hot(e_BxLxK, n_experts, dtype=jnp.float32).sum(-2)
+
+
+def balance_fractions(counts_E: jax.Array, n_tokens: int | jax.Array, convention: str) -> jax.Array:
+  """f_i from assignment counts (last axis E): over all counted assignments (`fraction`,
+  Σf = 1) or over the `n_tokens` tokens they come from (`count`, Σf = choices per token)."""
+  _check("loss.balance_convention", convention, BALANCE_CONVENTIONS)
+  counts_E = jax.lax.stop_gradient(counts_E).astype(jnp.float32)
+  denom = counts_E.sum(-1, keepdims=True) if convention == "fraction" else n_tokens
+  return counts_E / jnp.maximum(denom, 1.0)
+
+
 def assignment_fractions(assign_BxLxE: jax.Array) -> jax.Array:
   """Global fraction f_E of assignments per expert (sums to 1), for accumulation by the trainer."""
-  counts_E = jax.lax.stop_gradient(assign_BxLxE).astype(jnp.float32)
-  counts_E = counts_E.reshape(-1, assign_BxLxE.shape[-1]).sum(0)
-  return counts_E / jnp.maximum(counts_E.sum(), 1.0)
+  counts_E = assign_BxLxE.reshape(-1, assign_BxLxE.shape[-1]).sum(0)
+  return balance_fractions(counts_E, 0, "fraction")
 
 
-def _grouped_balance(probs_GxNxE: jax.Array, assign_GxNxE: jax.Array) -> jax.Array:
+def _grouped_balance(probs_GxNxE: jax.Array, assign_GxNxE: jax.Array, convention: str) -> jax.Array:
   """Mean over groups G of E · Σ_i f_i P_i, each group of N tokens."""
-  counts_GxE = jax.lax.stop_gradient(assign_GxNxE).astype(jnp.float32).sum(1)
-  f_GxE = counts_GxE / jnp.maximum(counts_GxE.sum(-1, keepdims=True), 1.0)
+  counts_GxE = assign_GxNxE.astype(jnp.float32).sum(1)
+  f_GxE = balance_fractions(counts_GxE, assign_GxNxE.shape[1], convention)
   p_GxE = probs_GxNxE.astype(jnp.float32).mean(1)
   return probs_GxNxE.shape[-1] * (f_GxE * p_GxE).sum(-1).mean()
 
@@ -68,15 +94,18 @@ def load_balance_loss(
   granularity: str,
   n_shards: int = 1,
   f_E: jax.Array | None = None,
+  convention: str = "fraction",
 ) -> jax.Array:
   """Switch-style balance loss E · Σ_i f_i P_i (unweighted), averaged over groups.
 
   Groups: one per sequence (`sequence`), one per contiguous batch shard of `n_shards`
   (`micro_batch`, as each data-parallel device would compute it), or all tokens
-  (`global_batch`). f is a constant (stop_gradient); `f_E` overrides it for global_batch.
+  (`global_batch`). f is a constant (stop_gradient) in the given `convention`
+  (`balance_fractions`); `f_E` overrides it for global_batch (already in the convention).
   """
   if granularity not in GRANULARITIES:
     raise UserError(f"granularity: got {granularity!r}, allowed {', '.join(GRANULARITIES)}")
+  _check("loss.balance_convention", convention, BALANCE_CONVENTIONS)
   if probs_BxLxE.ndim != 3 or probs_BxLxE.shape != assign_BxLxE.shape:
     raise UserError(
       f"assign_BxLxE: shape {assign_BxLxE.shape} must equal probs_BxLxE "
@@ -88,14 +117,14 @@ def load_balance_loss(
     raise UserError(f"n_shards: got {n_shards!r}, allowed a positive int")
   B, L, E = probs_BxLxE.shape
   if granularity == "sequence":
-    return _grouped_balance(probs_BxLxE, assign_BxLxE)
+    return _grouped_balance(probs_BxLxE, assign_BxLxE, convention)
   if granularity == "micro_batch":
     if B % n_shards:
       raise UserError(f"n_shards: {n_shards} must divide the batch size {B}")
     shape = (n_shards, (B // n_shards) * L, E)
-    return _grouped_balance(probs_BxLxE.reshape(shape), assign_BxLxE.reshape(shape))
+    return _grouped_balance(probs_BxLxE.reshape(shape), assign_BxLxE.reshape(shape), convention)
   if f_E is None:
-    f_E = assignment_fractions(assign_BxLxE)
+    f_E = balance_fractions(assign_BxLxE.reshape(-1, E).sum(0), B * L, convention)
   elif f_E.shape != (E,):
     raise UserError(f"f_E: shape {f_E.shape} must be ({E},)")
   p_E = probs_BxLxE.astype(jnp.float32).reshape(-1, E).mean(0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from flax import nnx
 
 from moejax.errors import UserError
 from moejax.layers import DTYPES, Attention, DenseFFN, RMSNorm, init_normal
-from moejax.moe import MoEBlock, MoEConfig
+from moejax.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,14 +131,13 @@ class Block(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
-  ) -> tuple[jax.Array, dict[str, Any] | None]:
+  ) -> tuple[jax.Array, RouterOut | None]:
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
       return x_BxLxD + self.mlp(h_BxLxD), None
-    y_BxLxD, aux, stats = self.mlp.forward(h_BxLxD, k=k, k2=k2, train=train, rng=rng)
-    moe_out = {"layer": self.layer, "aux": aux, "stats": stats}
-    return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), moe_out
+    y_BxLxD, router_out = self.mlp(h_BxLxD, k=k, k2=k2, train=train, rng=rng)
+    return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), router_out
 
 
 class Transformer(nnx.Module):
@@ -178,20 +176,25 @@ class Transformer(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
-  ) -> tuple[jax.Array, list[dict[str, Any]]]:
-    """Float32 logits [B, L, V] and one {"layer", "aux", "stats"} dict per MoE layer."""
+  ) -> tuple[jax.Array, dict[int, RouterOut]]:
+    """Float32 logits [B, L, V] and the `RouterOut` of each MoE layer, by layer index.
+
+    At eval without `rng`, routing randomness (GShard's random second expert) uses a fixed
+    seed, so evaluations are reproducible."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
     x_BxLxD = self.embed(tokens_BxL)
-    moe_outs = []
+    if rng is None and not train:
+      rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
+    routers = {}
     for i, block in enumerate(self.layers):
       layer_rng = None if rng is None else jax.random.fold_in(rng, i)
-      x_BxLxD, moe_out = block(x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng)
-      if moe_out is not None:
-        moe_outs.append(moe_out)
+      x_BxLxD, out = block(x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng)
+      if out is not None:
+        routers[i] = out
     h_BxLxD = self.final_norm(x_BxLxD).astype(jnp.float32)
     if self.lm_head is None:
       logits_BxLxV = jnp.einsum("bld,vd->blv", h_BxLxD, self.embed.embedding[...])
     else:
       logits_BxLxV = self.lm_head(h_BxLxD)
-    return logits_BxLxV, moe_outs
+    return logits_BxLxV, routers

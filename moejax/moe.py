@@ -7,6 +7,7 @@ always runs in float32; experts run in the compute dtype.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,31 @@ from moejax.layers import DTYPES, DenseFFN, init_normal
 
 class RouterBias(nnx.Variable):
   """Selection bias b (aux-loss-free balancing): state, never a trainable parameter."""
+
+
+# Fixed seed of the GShard random second expert at eval (`eval_second_expert="same"`), so
+# an evaluation routes the way training did, and the same way every time.
+EVAL_SECOND_EXPERT_SEED = 0
+
+
+class Diagnostics(NamedTuple):
+  """Per-layer float32 scalars over one call's tokens (DESIGN.md §6 metric names)."""
+
+  drop_fraction: jax.Array
+  load_max_over_mean: jax.Array
+  routed_mass: jax.Array  # mean Σ r_i
+  shared_coef: jax.Array  # mean c(x)
+  routed_out_rms: jax.Array  # rms of Σ r_i Expert_i(x)
+  router_entropy: jax.Array
+
+
+class RouterOut(NamedTuple):
+  """What the losses and the logs need from one MoE layer; leading shape of x."""
+
+  logits: jax.Array  # [..., E] float32 router logits z (router z-loss)
+  probs: jax.Array  # [..., E] full-router probabilities, per token summing to 1 (balance loss)
+  experts: jax.Array  # [..., k] int32 selected experts, best first (balance loss, loads)
+  diag: Diagnostics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +65,13 @@ class MoEConfig:
   drop_policy: str = "position"
   group_size: int | None = None
   second_expert: str = "all"
+  eval_second_expert: str = "same"  # "same": random at eval too (fixed seed); "all"
   impl: str = "auto"
   block_size: int = 32
   jitter_eps: float = 0.0
   dtype: str = "float32"
   init_std: float = 0.02
+  expert_init_std: float = 0.0  # routed experts' init std; 0: init_std
 
   def __post_init__(self):
     for name in ("d_model", "n_experts", "d_expert", "block_size"):
@@ -53,6 +81,10 @@ class MoEConfig:
       raise UserError(f"moe.d_shared={self.d_shared} is not allowed; use an int >= 0")
     if not 0.0 <= self.jitter_eps < 1.0:
       raise UserError(f"moe.jitter_eps={self.jitter_eps} is not allowed; use 0 <= eps < 1")
+    if self.expert_init_std < 0:
+      raise UserError(
+        f"moe.expert_init_std={self.expert_init_std} is not allowed; use 0 (init_std) or > 0"
+      )
     if self.dtype not in DTYPES:
       raise UserError(f"moe.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
     if not 1 <= self.top_k <= self.n_experts:
@@ -69,6 +101,7 @@ class MoEConfig:
       self.eval_capacity_factor,
       self.min_capacity,
       self.group_size,
+      eval_second_expert=self.eval_second_expert,
     )
     if self.second_expert == "random" and self.top_k < 2:
       raise UserError("moe.second_expert='random' needs top_k >= 2")
@@ -91,7 +124,7 @@ class Experts(nnx.Module):
 
   def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):
     E, D, F = cfg.n_experts, cfg.d_model, cfg.d_expert
-    init = init_normal(cfg.init_std)
+    init = init_normal(cfg.expert_init_std or cfg.init_std)
     self.w_gate = nnx.Param(init(rngs.params(), (E, D, F), jnp.float32))
     self.w_up = nnx.Param(init(rngs.params(), (E, D, F), jnp.float32))
     self.w_down = nnx.Param(init(rngs.params(), (E, F, D), jnp.float32))
@@ -108,7 +141,7 @@ class SharedGate(nnx.Module):
 
 
 class MoEBlock(nnx.Module):
-  """y = Σ_{i∈S} r_i·Expert_i(x) + c(x)·Shared(x), with diagnostics in `aux`."""
+  """y = Σ_{i∈S} r_i·Expert_i(x) + c(x)·Shared(x); also returns a `RouterOut`."""
 
   def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -129,27 +162,16 @@ class MoEBlock(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
-  ):
-    """Returns (y, aux) with y shaped like x and aux a dict of float32 scalars."""
-    y, aux, _ = self.forward(x, k=k, k2=k2, train=train, rng=rng)
-    return y, aux
-
-  def forward(
-    self,
-    x: jax.Array,
-    *,
-    k: int | None = None,
-    k2: int | None = None,
-    train: bool = False,
-    rng: jax.Array | None = None,
-  ):
-    """Like `__call__`, plus per-token router statistics for the balance losses:
-    `probs` (normalized full-router probabilities) and `assign` (0/1 per expert)."""
+  ) -> tuple[jax.Array, RouterOut]:
+    """Returns (y, RouterOut) with y shaped like x. `rng` drives the router jitter and the
+    random second expert in training; at eval the latter uses a fixed seed when rng is None."""
     cfg, rule = self.cfg, self.cfg.merge_rule
     lead, D = x.shape[:-1], x.shape[-1]
     x_TxD = x.reshape(-1, D)
     T, E, K = x_TxD.shape[0], cfg.n_experts, cfg.top_k
     k = K if k is None else k
+    if rng is None and not train:
+      rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
     rng_jitter, rng_second = jax.random.split(rng) if rng is not None else (None, None)
 
     xr_TxD = x_TxD.astype(jnp.float32)
@@ -159,7 +181,7 @@ class MoEBlock(nnx.Module):
     ro = routing.route(logits_TxE, rule, k, k2=k2, bias_E=self.router.bias[...], train_k=K)
 
     keep_TxK = None
-    if cfg.second_expert == "random" and train and rng_second is not None and k >= 2:
+    if self._random_second(train) and rng_second is not None and k >= 2:
       keep_TxK = dsp.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
     routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK)
@@ -173,12 +195,20 @@ class MoEBlock(nnx.Module):
       y_TxD = y_TxD + (coef_T[:, None] * shared_TxD).astype(y_TxD.dtype)
 
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
-    assign_TxE = jax.nn.one_hot(ro.experts_TxK, E, dtype=jnp.float32).sum(1)
-    aux = diagnostics(
-      logits_TxE, probs_TxE, assign_TxE, ro.weights_TxK, kept_TxK, routed_TxD, coef_T
+    diag = diagnostics(probs_TxE, ro.experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T)
+    out = RouterOut(
+      logits_TxE.reshape(*lead, E),
+      probs_TxE.reshape(*lead, E),
+      ro.experts_TxK.reshape(*lead, k),
+      diag,
     )
-    stats = {"probs": probs_TxE.reshape(*lead, E), "assign": assign_TxE.reshape(*lead, E)}
-    return y_TxD.reshape(*lead, D).astype(x.dtype), aux, stats
+    return y_TxD.reshape(*lead, D).astype(x.dtype), out
+
+  def _random_second(self, train: bool) -> bool:
+    """GShard's random second expert applies in training and, unless
+    `eval_second_expert="all"`, at eval too (it is part of the trained routing)."""
+    cfg = self.cfg
+    return cfg.second_expert == "random" and (train or cfg.eval_second_expert == "same")
 
   def _routed(self, x_TxD, ro: routing.Routing, k: int, train: bool, keep_TxK):
     """Σ r_i·Expert_i(x) by the configured dispatch; returns (routed_TxD, kept_TxK)."""
@@ -192,10 +222,7 @@ class MoEBlock(nnx.Module):
     G = cfg.group_size or T
     factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
     cap = dsp.capacity(factor, k, G, E, cfg.min_capacity)
-    if cfg.drop_policy == "position":
-      pri_TxK = dsp.position_priority(T, k, G)
-    else:  # batch-prioritized: an assignment's own router score
-      pri_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, -1)
+    order = dsp.drop_order(cfg.drop_policy, ro.experts_TxK, ro.weights_TxK, ro.scores_TxE, G)
     return dsp.capacity_dispatch(
       x_TxD,
       ro.experts_TxK,
@@ -203,28 +230,21 @@ class MoEBlock(nnx.Module):
       ex,
       cap=cap,
       group_size=G,
-      priority_TxK=pri_TxK,
+      order=order,
       keep_TxK=keep_TxK,
     )
 
 
-def diagnostics(
-  logits_TxE, probs_TxE, assign_TxE, weights_TxK, kept_TxK, routed_TxD, coef_T
-) -> dict[str, jax.Array]:
+def diagnostics(probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_T) -> Diagnostics:
   """DESIGN.md §6 per-layer diagnostics, all float32 scalars over this call's tokens."""
-  E = probs_TxE.shape[-1]
-  f_E = assign_TxE.sum(0) / assign_TxE.sum()
-  load_E = assign_TxE.sum(0)
-  logz_T = jax.nn.logsumexp(logits_TxE.astype(jnp.float32), axis=-1)
+  load_E = jax.nn.one_hot(experts_TxK, probs_TxE.shape[-1], dtype=jnp.float32).sum((0, 1))
   entropy_T = -(probs_TxE * jnp.log(jnp.clip(probs_TxE, 1e-30))).sum(-1)
   routed32 = routed_TxD.astype(jnp.float32)
-  return {
-    "aux_loss": E * jnp.sum(f_E * probs_TxE.mean(0)),
-    "z_loss": jnp.mean(logz_T**2),
-    "drop_fraction": 1.0 - kept_TxK.astype(jnp.float32).mean(),
-    "load_max_over_mean": load_E.max() / load_E.mean(),
-    "routed_mass": weights_TxK.sum(-1).mean(),
-    "shared_coef": coef_T.mean(),
-    "routed_out_rms": jnp.sqrt(jnp.mean(routed32**2)),
-    "router_entropy": entropy_T.mean(),
-  }
+  return Diagnostics(
+    drop_fraction=1.0 - kept_TxK.astype(jnp.float32).mean(),
+    load_max_over_mean=load_E.max() / load_E.mean(),
+    routed_mass=weights_TxK.sum(-1).mean(),
+    shared_coef=coef_T.mean(),
+    routed_out_rms=jnp.sqrt(jnp.mean(routed32**2)),
+    router_entropy=entropy_T.mean(),
+  )

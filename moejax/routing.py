@@ -19,6 +19,7 @@ SCORES = ("softmax", "sigmoid")
 NORMS = ("none", "sum", "lp")
 SHARED = ("none", "unit", "sigmoid", "kplus1")
 GROUP_SCORES = ("max", "top2_sum")
+KEY = "model.moe"  # error messages name the config key of each rule field
 
 
 def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -41,21 +42,21 @@ class MergeRule:
   group_score: str = "max"
 
   def __post_init__(self):
-    _check_choice("rule.score", self.score, SCORES)
-    _check_choice("rule.norm", self.norm, NORMS)
-    _check_choice("rule.shared", self.shared, SHARED)
-    _check_choice("rule.group_score", self.group_score, GROUP_SCORES)
+    _check_choice(f"{KEY}.score", self.score, SCORES)
+    _check_choice(f"{KEY}.norm", self.norm, NORMS)
+    _check_choice(f"{KEY}.shared", self.shared, SHARED)
+    _check_choice(f"{KEY}.group_score", self.group_score, GROUP_SCORES)
     if not self.lp > 0:
-      raise UserError(f"rule.lp={self.lp} is not allowed; the lp norm needs p > 0")
+      raise UserError(f"{KEY}.lp={self.lp} is not allowed; the lp norm needs p > 0")
     if isinstance(self.scale, str):
-      _check_choice("rule.scale", self.scale, ("k",))
+      _check_choice(f"{KEY}.scale", self.scale, ("k",))
     elif not self.scale > 0:
-      raise UserError(f"rule.scale={self.scale} is not allowed; use a float > 0 or 'k'")
+      raise UserError(f"{KEY}.scale={self.scale} is not allowed; use a float > 0 or 'k'")
     if self.n_groups < 1:
-      raise UserError(f"rule.n_groups={self.n_groups} is not allowed; use an int >= 1")
+      raise UserError(f"{KEY}.n_groups={self.n_groups} is not allowed; use an int >= 1")
     if not 1 <= self.topk_groups <= self.n_groups:
       raise UserError(
-        f"rule.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
+        f"{KEY}.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
         f"n_groups={self.n_groups}"
       )
 
@@ -96,8 +97,65 @@ def get_rule(rule: MergeRule | str) -> MergeRule:
   if isinstance(rule, MergeRule):
     return rule
   if rule not in RULES:
-    raise UserError(f"rule={rule!r} is unknown; use one of {', '.join(sorted(RULES))}")
+    raise UserError(f"{KEY}.rule={rule!r} is unknown; use one of {', '.join(sorted(RULES))}")
   return RULES[rule]
+
+
+RULE_FIELDS = tuple(f.name for f in dataclasses.fields(MergeRule))
+_STR_FIELDS = ("score", "norm", "shared", "group_score")
+
+
+def _coerce(field: str, value: object) -> object:
+  """A config value as the MergeRule field's type (ints as floats for lp and scale)."""
+  key = f"{KEY}.{field}"
+  numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if field in _STR_FIELDS and not isinstance(value, str):
+    raise UserError(f"{key}={value!r} is not allowed; use a name (a string)")
+  if field == "selection_bias" and not isinstance(value, bool):
+    raise UserError(f"{key}={value!r} is not allowed; use True or False")
+  if field in ("n_groups", "topk_groups") and not (numeric and int(value) == value):
+    raise UserError(f"{key}={value!r} is not allowed; use an int >= 1")
+  if field == "lp" and not numeric:
+    raise UserError(f"{key}={value!r} is not allowed; use a float > 0")
+  if field == "scale" and not (numeric or value == "k"):
+    raise UserError(f"{key}={value!r} is not allowed; use a float > 0 or 'k'")
+  if field in ("n_groups", "topk_groups"):
+    return int(value)
+  return float(value) if field in ("lp", "scale") and numeric else value
+
+
+def _no_effect(rule: MergeRule, field: str) -> str | None:
+  """Why `field` cannot change what `rule` computes, or None when it can."""
+  if field == "lp" and rule.norm != "lp":
+    return f"{KEY}.norm={rule.norm!r} (lp is read only with norm='lp')"
+  if field == "group_score" and rule.n_groups == 1:
+    return f"{KEY}.n_groups=1 (groups are scored only when n_groups > 1)"
+  return None
+
+
+def compose_rule(rule: MergeRule | str, overrides: dict[str, object]) -> MergeRule:
+  """The named rule with some fields replaced (config `model.moe.<field>`).
+
+  Raises a `UserError` naming the key for a value of the wrong type or out of range, and
+  for an override that differs from the named rule but cannot take effect (e.g. `lp`
+  without `norm='lp'`), so an ablation never silently runs the unchanged rule.
+  """
+  base = get_rule(rule)
+  unknown = sorted(set(overrides) - set(RULE_FIELDS))
+  if unknown:
+    raise UserError(f"{KEY}.{unknown[0]} is not a rule field; use {', '.join(RULE_FIELDS)}")
+  fields = {f: _coerce(f, v) for f, v in overrides.items()}
+  composed = dataclasses.replace(base, **fields)
+  for field, value in fields.items():
+    reason = _no_effect(composed, field)
+    if reason and value != getattr(base, field):
+      raise UserError(f"{KEY}.{field}={value!r} has no effect with {reason}")
+  return composed
+
+
+def rule_dict(rule: MergeRule) -> dict[str, object]:
+  """All fields of a rule, JSON-ready (config.json `resolved.rule`)."""
+  return dataclasses.asdict(rule)
 
 
 class Routing(NamedTuple):
@@ -120,11 +178,11 @@ def validate(
   if k2 is not None and not k <= k2 <= E:
     raise UserError(f"k2={k2} is not allowed; use k={k} <= k2 <= n_experts={E}")
   if E % rule.n_groups:
-    raise UserError(f"rule.n_groups={rule.n_groups} is not allowed; it must divide n_experts={E}")
+    raise UserError(f"{KEY}.n_groups={rule.n_groups} is not allowed; it must divide n_experts={E}")
   group_size = E // rule.n_groups
   if rule.n_groups > 1 and rule.group_score == "top2_sum" and group_size < 2:
     raise UserError(
-      f"rule.group_score='top2_sum' needs >= 2 experts per group; "
+      f"{KEY}.group_score='top2_sum' needs >= 2 experts per group; "
       f"n_experts={E} with n_groups={rule.n_groups} gives {group_size}"
     )
   kept = rule.kept_experts(E)

@@ -8,7 +8,7 @@ The model travels as `nnx.split` state: trainable `params` (nnx.Param) and `rout
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +17,8 @@ import optax
 from flax import nnx
 
 from moejax import losses
-from moejax.moe import MoEBlock, RouterBias
+from moejax.errors import UserError
+from moejax.moe import Diagnostics, MoEBlock, RouterBias, RouterOut
 
 State = dict[str, Any]  # {"step", "params", "router", "opt_state"}
 
@@ -30,8 +31,20 @@ class LossConfig:
   balance_granularity: str = "global_batch"
   z_loss_weight: float = 0.001
   bias_update_rate: float = 0.0
+  balance_convention: str = "fraction"  # losses.BALANCE_CONVENTIONS
+  balance_choices: str = "all"  # losses.BALANCE_CHOICES
   n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity
   grad_accum: int = 1
+
+  def __post_init__(self):
+    for name, allowed in (
+      ("balance_convention", losses.BALANCE_CONVENTIONS),
+      ("balance_choices", losses.BALANCE_CHOICES),
+    ):
+      if getattr(self, name) not in allowed:
+        raise UserError(
+          f"loss.{name}={getattr(self, name)!r} is not allowed; use one of {', '.join(allowed)}"
+        )
 
   @classmethod
   def from_config(cls, c, *, n_shards: int) -> "LossConfig":
@@ -41,6 +54,8 @@ class LossConfig:
       balance_granularity=c.loss.balance_granularity,
       z_loss_weight=c.loss.z_loss_weight,
       bias_update_rate=c.loss.bias_update_rate,
+      balance_convention=c.loss.balance_convention,
+      balance_choices=c.loss.balance_choices,
       n_shards=n_shards,
       grad_accum=c.train.grad_accum,
     )
@@ -57,6 +72,41 @@ def moe_blocks(model: nnx.Module) -> list[MoEBlock]:
   return [b.mlp for b in model.layers if isinstance(b.mlp, MoEBlock)]
 
 
+class Loads(NamedTuple):
+  """Per MoE layer assignment counts of one micro-batch."""
+
+  all_LxE: jax.Array  # every selected expert (the aux-loss-free bias update)
+  balance_LxE: jax.Array  # the choices the balance loss counts (loss.balance_choices)
+
+
+def moe_losses(routers: dict[int, RouterOut], lc: LossConfig, f_LxE: jax.Array | None = None):
+  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (DESIGN.md §5, §6)."""
+  metrics, balance, z, loads, counts = {}, [], [], [], []
+  for j, (layer, ro) in enumerate(routers.items()):
+    E = ro.probs.shape[-1]
+    assign_BxLxE = losses.balance_assignments(ro.experts, E, lc.balance_choices)
+    balance.append(
+      losses.load_balance_loss(
+        ro.probs,
+        assign_BxLxE,
+        granularity=lc.balance_granularity,
+        n_shards=lc.n_shards,
+        f_E=None if f_LxE is None else f_LxE[j],
+        convention=lc.balance_convention,
+      )
+    )
+    z.append(losses.router_z_loss(ro.logits))
+    counts.append(assign_BxLxE.sum((0, 1)))
+    loads.append(losses.balance_assignments(ro.experts, E, "all").sum((0, 1)))
+    layer_metrics = {"aux_loss": balance[-1], "z_loss": z[-1], **ro.diag._asdict()}
+    metrics.update({f"moe/layer{layer}/{n}": v for n, v in layer_metrics.items()})
+  balance_loss, z_loss = jnp.mean(jnp.stack(balance)), jnp.mean(jnp.stack(z))
+  metrics["moe/aux_loss"], metrics["moe/z_loss"] = balance_loss, z_loss
+  for name in Diagnostics._fields:
+    metrics[f"moe/{name}"] = jnp.mean(jnp.stack([getattr(r.diag, name) for r in routers.values()]))
+  return balance_loss, z_loss, metrics, Loads(jnp.stack(loads), jnp.stack(counts))
+
+
 def forward_loss(
   graphdef,
   params,
@@ -67,41 +117,19 @@ def forward_loss(
   f_LxE: jax.Array | None = None,
   train: bool = True,
 ):
-  """Total loss and its parts for one micro-batch; also per-layer assignment counts."""
+  """Total loss and its parts for one micro-batch; also per-layer assignment `Loads`."""
   model = nnx.merge(graphdef, params, router)
-  logits_BxLxV, moe_outs = model(tokens_BxL1[:, :-1], train=train, rng=rng)
+  logits_BxLxV, routers = model(tokens_BxL1[:, :-1], train=train, rng=rng)
   lm_loss, _ = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
   metrics = {"lm_loss": lm_loss}
   loss = lm_loss
-  loads = []
-  if moe_outs:
-    balance = []
-    for j, out in enumerate(moe_outs):
-      st = out["stats"]
-      balance.append(
-        losses.load_balance_loss(
-          st["probs"],
-          st["assign"],
-          granularity=lc.balance_granularity,
-          n_shards=lc.n_shards,
-          f_E=None if f_LxE is None else f_LxE[j],
-        )
-      )
-      loads.append(st["assign"].sum((0, 1)))
-      for name, value in out["aux"].items():
-        metrics[f"moe/layer{out['layer']}/{name}"] = value
-      # The balance loss as trained (configured granularity), not the block's global one.
-      metrics[f"moe/layer{out['layer']}/aux_loss"] = balance[-1]
-    balance_loss = jnp.mean(jnp.stack(balance))
-    z_loss = jnp.mean(jnp.stack([o["aux"]["z_loss"] for o in moe_outs]))
+  loads = Loads(jnp.zeros((0,)), jnp.zeros((0,)))
+  if routers:
+    balance_loss, z_loss, moe_metrics, loads = moe_losses(routers, lc, f_LxE)
     loss = loss + lc.balance_weight * balance_loss + lc.z_loss_weight * z_loss
-    metrics["moe/aux_loss"] = balance_loss
-    for name in moe_outs[0]["aux"]:
-      if name != "aux_loss":
-        metrics[f"moe/{name}"] = jnp.mean(jnp.stack([o["aux"][name] for o in moe_outs]))
+    metrics.update(moe_metrics)
   metrics["loss"] = loss
-  loads_LxE = jnp.stack(loads) if loads else jnp.zeros((0,))
-  return loss, (metrics, loads_LxE)
+  return loss, (metrics, loads)
 
 
 def _micro(tokens_BxL1: jax.Array, n: int) -> jax.Array:
@@ -111,20 +139,22 @@ def _micro(tokens_BxL1: jax.Array, n: int) -> jax.Array:
 
 
 def global_fractions(graphdef, params, router, tokens_BxL1, lc: LossConfig, rng) -> jax.Array:
-  """f_i over the whole batch (all accumulation steps), from a forward-only pass."""
+  """f_i over the whole batch (all accumulation steps) in the configured convention, from a
+  forward-only pass."""
 
   def body(total, xs):
     toks, key = xs
-    _, (_, loads_LxE) = forward_loss(graphdef, params, router, toks, key, lc)
-    return total + loads_LxE, None
+    _, (_, loads) = forward_loss(graphdef, params, router, toks, key, lc)
+    return total + loads.balance_LxE, None
 
   micro = _micro(tokens_BxL1, lc.grad_accum)
   keys = jax.random.split(rng, lc.grad_accum)
   _, (_, loads0) = jax.eval_shape(
     lambda: forward_loss(graphdef, params, router, micro[0], keys[0], lc)
   )
-  total, _ = jax.lax.scan(body, jnp.zeros(loads0.shape, jnp.float32), (micro, keys))
-  return jax.lax.stop_gradient(total / total.sum(-1, keepdims=True))
+  total, _ = jax.lax.scan(body, jnp.zeros(loads0.balance_LxE.shape, jnp.float32), (micro, keys))
+  n_tokens = tokens_BxL1.shape[0] * (tokens_BxL1.shape[1] - 1)
+  return losses.balance_fractions(total, n_tokens, lc.balance_convention)
 
 
 def make_train_step(
@@ -152,14 +182,14 @@ def make_train_step(
         lambda: (params,) + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE)[0][1]
       ),
     )
-    (grads, metrics, loads_LxE), _ = jax.lax.scan(body, zeros, (micro, keys))
+    (grads, metrics, loads), _ = jax.lax.scan(body, zeros, (micro, keys))
     scale = 1.0 / lc.grad_accum
     grads = jax.tree.map(lambda g: g * scale, grads)
     metrics = jax.tree.map(lambda m: m * scale, metrics)
     updates, opt_state = tx.update(grads, state["opt_state"], params)
     params = optax.apply_updates(params, updates)
     if lc.bias_update_rate > 0:
-      router = update_router_bias(graphdef, params, router, loads_LxE, lc.bias_update_rate)
+      router = update_router_bias(graphdef, params, router, loads.all_LxE, lc.bias_update_rate)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["lr"] = schedule(state["step"])
     new_state = {
@@ -187,10 +217,10 @@ def make_eval_step(graphdef, *, k: int | None = None, k2: int | None = None):
 
   def eval_step(params, router, tokens_BxL1: jax.Array):
     model = nnx.merge(graphdef, params, router)
-    logits_BxLxV, moe_outs = model(tokens_BxL1[:, :-1], k=k, k2=k2, train=False)
+    logits_BxLxV, routers = model(tokens_BxL1[:, :-1], k=k, k2=k2, train=False)
     _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
     acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
-    aux = {o["layer"]: o["aux"] for o in moe_outs}
+    aux = {layer: ro.diag._asdict() for layer, ro in routers.items()}
     return {"loss_B": loss_BxL.mean(-1), "accuracy_B": acc_BxL.mean(-1), "aux": aux}
 
   return eval_step

@@ -88,6 +88,7 @@ def resolved_config(run: Run) -> dict:
     "data": run.data.describe(),
     "n_params": run.n_params,
     "n_active_params": run.n_active,
+    "rule": config_lib.resolved_rule(run.config),
     "python": sys.version.split()[0],
     "jax": jax.__version__,
     "git_commit": tracking.git_commit(),
@@ -104,6 +105,7 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   if saved is None:
     return
   path = os.path.join(workdir, "config.json")
+  config_lib.check_resolved_rule(saved, c, path)
   for section in FROZEN_SECTIONS:
     for key, value in c[section].to_dict().items():
       if saved.get(section, {}).get(key, value) != value:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from flax import nnx
 
 from moejax import config as config_lib
-from moejax import losses
+from moejax import losses, routing
 from moejax.model import ModelConfig, Transformer, is_moe_layer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -99,9 +100,9 @@ def lm_loss_and_grads(graphdef, params, rest, tokens_BxL1, rng, *, train: bool =
 
   def loss_fn(p):
     model = nnx.merge(graphdef, p, rest)
-    logits_BxLxV, moe_outs = model(tokens_BxL1[:, :-1], train=train, rng=rng)
+    logits_BxLxV, routers = model(tokens_BxL1[:, :-1], train=train, rng=rng)
     loss, _ = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
-    return loss, (logits_BxLxV, [o["aux"] for o in moe_outs])
+    return loss, (logits_BxLxV, [ro.diag._asdict() for ro in routers.values()])
 
   (loss, (logits, auxes)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   return loss, grads, logits, auxes
@@ -185,3 +186,134 @@ def test_preset_forward_and_grads(name):
     assert all(0.0 <= float(a["drop_fraction"]) < 1.0 for a in auxes)
   else:
     assert all(float(a["drop_fraction"]) == 0.0 for a in auxes)
+
+
+# --------------------------------------------------------------------------- conventions
+
+# Each preset's balance-loss convention, from its source (see each preset's docstring):
+# HF transformers / flaxformer count f over tokens (Σf = K); MegaBlocks, OLMo-core and
+# DeepSeek over assignments (Σf = 1); lingvo's GShard counts top-1 choices per group.
+PRESET_BALANCE = {
+  "mixtral": ("count", "all"),
+  "qwen2_moe": ("count", "all"),
+  "qwen3_moe": ("count", "all"),
+  "qwen3_5_moe": ("count", "all"),
+  "switch": ("count", "all"),
+  "gshard": ("fraction", "top1"),
+  "dbrx": ("fraction", "all"),
+  "olmo": ("fraction", "all"),
+  "olmoe": ("fraction", "all"),
+  "deepseekmoe": ("fraction", "all"),
+  "deepseek_v3": ("fraction", "all"),
+}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_balance_convention(name):
+  cfg = load_preset(name)
+  assert (cfg.loss.balance_convention, cfg.loss.balance_choices) == PRESET_BALANCE[name]
+  if name == "gshard":  # per routing group = one sequence (group_size = seq_len)
+    assert cfg.loss.balance_granularity == "sequence"
+    assert cfg.model.moe.group_size == cfg.data.seq_len
+
+
+# --------------------------------------------------------------------------- composed rules
+
+REPO = CONFIG_DIR.parent
+PARSE = (
+  "import json, sys; from moejax import cli, config, train; "
+  "cli.parse_flags(sys.argv, train._CONFIG); "
+  "print(json.dumps(config.resolved_rule(train._CONFIG.value)))"
+)
+
+
+def _subprocess(args: list[str], cwd=REPO):
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  env = dict(os.environ, PYTHONPATH=str(REPO), WANDB_MODE="disabled", JAX_PLATFORMS="cpu")
+  return subprocess.run(
+    [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+  )
+
+
+@pytest.mark.parametrize(
+  "overrides,want",
+  [
+    (
+      ["rule=megatron", "scale=2.827", "score=sigmoid", "selection_bias=True"],
+      dict(score="sigmoid", norm="sum", scale=2.827, shared="unit", selection_bias=True),
+    ),
+    (["rule=olmoe", "scale=k", "norm=sum"], dict(score="softmax", norm="sum", scale="k")),
+    (["rule=dbrx", "lp=2", "selection_bias=false"], dict(norm="lp", lp=2.0)),
+  ],
+)
+def test_rule_fields_through_the_cli_flag_parser(overrides, want):
+  flags = [f"--config.model.moe.{o}" for o in overrides]
+  out = _subprocess(["-c", PARSE, "--config", "configs/quickstart.py", *flags])
+  assert out.returncode == 0, out.stderr
+  rule = json.loads(out.stdout.strip().splitlines()[-1])
+  assert set(rule) == set(routing.RULE_FIELDS)
+  assert {k: rule[k] for k in want} == want
+  assert isinstance(rule["scale"], str) or isinstance(rule["scale"], float)
+
+
+def test_invalid_rule_field_is_one_line_exit_2(tmp_path):
+  out = _subprocess(
+    [
+      "-m",
+      "moejax.train",
+      "--config",
+      "configs/quickstart.py",
+      "--workdir",
+      str(tmp_path / "run"),
+      "--config.model.moe.lp=2",  # mixtral normalizes by the sum: lp would do nothing
+    ]
+  )
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.count("\n") == 1 and "model.moe.lp" in out.stderr, out.stderr
+
+
+def _save_run(workdir, c):
+  """config.json as a run of `c` writes it (the raw config plus resolved.rule)."""
+  workdir.mkdir()
+  saved = c.to_dict()
+  saved["resolved"] = {"rule": config_lib.resolved_rule(c)}
+  (workdir / "config.json").write_text(json.dumps(saved))
+  return saved
+
+
+KIMI = ["rule=megatron", "scale=2.827", "score=sigmoid", "selection_bias=True"]
+
+
+@pytest.mark.parametrize("case", ["changed_flag", "changed_named_rule"])
+def test_resume_with_a_changed_resolved_rule_exits_2(tmp_path, case):
+  c = load_preset("quickstart")
+  for o in KIMI:
+    key, value = o.split("=")
+    c.model.moe[key] = {"True": True}.get(value, value)
+  c.model.moe.scale = 2.827
+  saved = _save_run(tmp_path / "run", c)
+  flags = [f"--config.model.moe.{o}" for o in KIMI]
+  if case == "changed_flag":  # the same composed rule, but α changed on resume
+    flags[1] = "--config.model.moe.scale=2.5"
+  else:  # same command, but the run resolved another α (as if RULES had changed since)
+    saved["resolved"]["rule"]["scale"] = 3.0
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+  args = ["-m", "moejax.train", "--config", "configs/quickstart.py", "--workdir"]
+  out = _subprocess([*args, str(tmp_path / "run"), *flags])
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.count("\n") == 1 and "model.moe.scale" in out.stderr, out.stderr
+
+
+def test_from_saved_gives_the_trained_rule():
+  c = load_preset("quickstart")
+  c.model.moe.update(rule="megatron", scale=5.0)
+  saved = c.to_dict()
+  saved["resolved"] = {"rule": config_lib.resolved_rule(c)}
+  assert config_lib.moe_config(config_lib.from_saved(saved)).merge_rule.scale == 5.0
+  # The grid routes with the rule the run trained with, whatever RULES says today.
+  saved["resolved"]["rule"]["norm"] = "none"
+  rule = config_lib.moe_config(config_lib.from_saved(saved)).merge_rule
+  assert rule == routing.MergeRule(norm="none", scale=5.0, shared="unit")

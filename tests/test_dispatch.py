@@ -102,41 +102,97 @@ def test_dropless_gradients_per_expert(impl, block):
         assert np.abs(got[e]).max() == 0.0, (name, e)
 
 
-def ref_capacity_keep(experts, priority, E, cap, group_size, keep=None):
-  """Which assignments survive: per group and expert, the `cap` highest priorities."""
+def ref_capacity_keep(experts, sort_key, E, cap, group_size, keep=None):
+  """Which assignments survive: per group and expert, the first `cap` by `sort_key(t, j)`.
+  Assignments with keep False (an unsampled GShard second choice) are no candidates."""
   T, K = experts.shape
   kept = np.zeros((T, K), bool)
   for g0 in range(0, T, group_size):
     cands = [(t, j) for t in range(g0, g0 + group_size) for j in range(K)]
+    cands = [(t, j) for t, j in cands if keep is None or keep[t, j]]
     for e in range(E):
-      mine = [(t, j) for t, j in cands if experts[t, j] == e]
-      mine.sort(key=lambda tj: (-priority[tj], tj[0] * K + tj[1]))
+      mine = sorted((tj for tj in cands if experts[tj] == e), key=lambda tj: sort_key(*tj))
       for t, j in mine[:cap]:
         kept[t, j] = True
-  return kept if keep is None else kept & keep
+  return kept
 
 
-def ref_position_priority(T, K, group_size):
-  """Switch/GShard: every first choice before any second choice, earlier tokens first."""
-  pri = np.zeros((T, K))
-  for t in range(T):
-    for j in range(K):
-      pri[t, j] = -(j * group_size + t % group_size)
-  return pri
+def ref_sort_key(policy, group_size, top1=None, weights=None):
+  """Each policy's order, written from its source's definition (ties: token order)."""
+  K = 2 if weights is None else weights.shape[1]
+  if policy == "position":  # Switch/GShard: first choices first, then earlier tokens
+    return lambda t, j: (j, t % group_size)
+  if policy == "batch_priority":  # V-MoE: first choices first, then tokens by top-1 gate
+    return lambda t, j: (j, -top1[t], t % group_size)
+  return lambda t, j: (-weights[t, j], (t % group_size) * K + j)  # Megatron "probs"
 
 
-@pytest.mark.parametrize("policy", ["position", "score"])
+def _kept(policy, experts, weights, scores, cap, group_size, keep=None):
+  E = scores.shape[1]
+  order = dsp.drop_order(
+    policy, jnp.asarray(experts), jnp.asarray(weights), jnp.asarray(scores), group_size
+  )
+  keep = None if keep is None else jnp.asarray(keep)
+  plan = dsp.capacity_plan(jnp.asarray(experts), order, E, cap, group_size, keep)
+  return np.asarray(plan.kept_A).reshape(experts.shape)
+
+
+# A hand-worked case: 4 tokens, top-2 of 2 experts, capacity 2 per expert.
+HAND_EXPERTS = np.array([[0, 1], [1, 0], [0, 1], [0, 1]], np.int32)
+HAND_WEIGHTS = np.array([[0.5, 0.3], [0.6, 0.35], [0.9, 0.05], [0.7, 0.2]], np.float32)
+
+
+def _hand_scores():
+  """Router scores whose top-1 entries are the first column of HAND_WEIGHTS."""
+  s = np.zeros((4, 2), np.float32)
+  for t in range(4):
+    s[t, HAND_EXPERTS[t, 0]] = HAND_WEIGHTS[t, 0]
+    s[t, HAND_EXPERTS[t, 1]] = HAND_WEIGHTS[t, 1]
+  return s
+
+
+# Worked by hand from each definition (rows: tokens t0..t3; columns: 1st, 2nd choice):
+#  position: expert 0 takes the first choices of t0, t2 (t3's is 3rd in line; t1's second
+#    choice comes after all firsts); expert 1 takes t1's first, then t0's second.
+#  batch_priority: top-1 gates order the tokens t2 (.9), t3 (.7), t1 (.6), t0 (.5); expert 0
+#    takes the firsts of t2, t3; expert 1 takes t1's first, then t2's second (t2 leads).
+#  weight: expert 0 keeps its two largest weights (t2 .9, t3 .7); expert 1 keeps t1 .6 and
+#    t0 .3 (t3 .2 and t2 .05 drop), whatever the choice rank.
+HAND_KEPT = {
+  "position": [[1, 1], [1, 0], [1, 0], [0, 0]],
+  "batch_priority": [[0, 0], [1, 0], [1, 1], [1, 0]],
+  "weight": [[0, 1], [1, 0], [1, 0], [1, 0]],
+}
+
+
+@pytest.mark.parametrize("policy", sorted(HAND_KEPT))
+def test_drop_policy_hand_worked_example(policy):
+  kept = _kept(policy, HAND_EXPERTS, HAND_WEIGHTS, _hand_scores(), cap=2, group_size=4)
+  np.testing.assert_array_equal(kept, np.array(HAND_KEPT[policy], bool))
+
+
+def test_unsampled_second_expert_takes_no_slot():
+  # Expert 1 gets t2's first choice, then the second choices of t0 (not sampled) and t1.
+  # lingvo clears t0's before the position cumsum, so t1's second choice fits (capacity 2).
+  experts = np.array([[0, 1], [0, 1], [1, 0]], np.int32)
+  weights = np.array([[0.6, 0.4], [0.7, 0.3], [0.8, 0.2]], np.float32)
+  keep = np.array([[1, 0], [1, 1], [1, 1]], bool)
+  kept = _kept("position", experts, weights, np.full((3, 2), 0.5, np.float32), 2, 3, keep)
+  np.testing.assert_array_equal(kept, np.array([[1, 0], [1, 1], [1, 0]], bool))
+
+
+@pytest.mark.parametrize("policy", ["position", "batch_priority", "weight"])
 @pytest.mark.parametrize("group_size", [32, 16])
 def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
   T, E, K = 32, 4, 2
   x, experts, weights, W = make_case(T, E, K, seed=5, skew=True)
-  scores = np.random.default_rng(2).uniform(size=(T, K)).astype(np.float32)
-  pri = ref_position_priority(T, K, group_size) if policy == "position" else scores
-  np.testing.assert_array_equal(
-    dsp.position_priority(T, K, group_size), ref_position_priority(T, K, group_size)
-  )
+  scores = np.random.default_rng(2).uniform(size=(T, E)).astype(np.float32)
+  top1 = scores[np.arange(T), experts[:, 0]]
+  keep = np.random.default_rng(3).uniform(size=(T, K)) < 0.8
+  keep[:, 0] = True  # only second choices are ever unsampled
   cap = dsp.capacity(1.0, K, group_size, E, min_capacity=2)
   assert cap == max(2, int(np.ceil(1.0 * K * group_size / E)))
+  order = dsp.drop_order(policy, experts, weights, jnp.asarray(scores), group_size)
   y, kept = dsp.capacity_dispatch(
     x,
     experts,
@@ -144,30 +200,19 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
     dsp.ExpertWeights(*W),
     cap=cap,
     group_size=group_size,
-    priority_TxK=jnp.asarray(pri),
+    order=order,
+    keep_TxK=jnp.asarray(keep),
   )
-  want = ref_capacity_keep(experts, pri, E, cap, group_size)
-  assert 0 < want.sum() < want.size  # the case really drops something
+  key = ref_sort_key(policy, group_size, top1, np.asarray(weights))
+  want = ref_capacity_keep(experts, key, E, cap, group_size, keep)
+  assert 0 < want.sum() < keep.sum()  # the case really drops something
   np.testing.assert_array_equal(np.asarray(kept), want)
   np.testing.assert_allclose(y, naive_moe(x, experts, weights, W, kept=want), atol=1e-5)
 
 
-def test_score_priority_keeps_highest_scores():
-  T, E, K = 16, 2, 1
-  x, _, weights, W = make_case(T, E, K)
-  experts = np.zeros((T, K), np.int32)  # everyone wants expert 0
-  scores = np.random.default_rng(4).uniform(size=(T, K)).astype(np.float32)
-  _, kept = dsp.capacity_dispatch(
-    x,
-    experts,
-    weights,
-    dsp.ExpertWeights(*W),
-    cap=4,
-    group_size=T,
-    priority_TxK=jnp.asarray(scores),
-  )
-  top4 = np.argsort(-scores[:, 0])[:4]
-  assert set(np.flatnonzero(np.asarray(kept)[:, 0])) == set(top4)
+def test_old_score_policy_name_gets_a_hint():
+  with pytest.raises(UserError, match="renamed 'weight'"):
+    dsp.validate_dispatch("capacity", "score", "all", "auto", 1.0, 2.0, 4, None)
 
 
 def test_large_capacity_equals_dropless():
@@ -181,7 +226,7 @@ def test_large_capacity_equals_dropless():
     dsp.ExpertWeights(*W),
     cap=cap,
     group_size=T,
-    priority_TxK=dsp.position_priority(T, K, T),
+    order=dsp.drop_order("position", experts, weights, jnp.zeros((T, E)), T),
   )
   assert bool(kept.all())
   y_dl = _dropless_fn("blocked", 4)(x, experts, weights, W)
@@ -225,6 +270,7 @@ def test_take_rows_vjp_is_the_gather_transpose():
     (dict(mode="foo"), "dispatch"),
     (dict(drop_policy="x"), "drop_policy"),
     (dict(second_expert="x"), "second_expert"),
+    (dict(eval_second_expert="x"), "eval_second_expert"),
     (dict(impl="x"), "impl"),
     (dict(capacity_factor=0.0), "capacity_factor"),
     (dict(eval_capacity_factor=-1.0), "eval_capacity_factor"),
@@ -256,6 +302,7 @@ def test_dispatch_validation_names_the_field(kwargs, field):
       args.pop("min_capacity"),
       args.pop("group_size"),
       args.pop("n_tokens", None),
+      **args,
     )
 
 
@@ -283,10 +330,10 @@ def test_block_drop_fraction_matches_reference_policy():
   r = np.random.default_rng(7)
   block.router.kernel[...] = jnp.asarray(r.normal(size=(D, E)) * 2.0, jnp.float32)
   x = r.normal(size=(T, D)).astype(np.float32)
-  _, aux = block(jnp.asarray(x))
+  _, ro = block(jnp.asarray(x))
   logits = x.astype(np.float64) @ np.asarray(block.router.kernel[...], np.float64)
   experts = np.argsort(-logits, axis=1)[:, :K]
   cap = max(1, int(np.ceil(0.5 * K * T / E)))
-  kept = ref_capacity_keep(experts, ref_position_priority(T, K, T), E, cap, T)
+  kept = ref_capacity_keep(experts, ref_sort_key("position", T), E, cap, T)
   assert kept.mean() < 1.0
-  np.testing.assert_allclose(float(aux["drop_fraction"]), 1.0 - kept.mean(), atol=1e-7)
+  np.testing.assert_allclose(float(ro.diag.drop_fraction), 1.0 - kept.mean(), atol=1e-7)

@@ -212,3 +212,67 @@ def test_bias_update_balances_a_skewed_router():
   end = float(end_load.max() / end_load.mean())
   assert start > 2.0, start
   assert end < 1.4 and start - end > 0.8, (start, end)
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def _np_convention_balance(probs, experts, E, *, choices, convention, groups):
+  """E · Σ_i f_i P_i per group, averaged: f from the counted choices, over all counted
+  assignments (fraction) or over the group's tokens (count); P the mean probability.
+  Written from HF `load_balancing_loss_func` (count), Megatron `switch_load_balancing_
+  loss_func` (fraction) and lingvo `top2_gating` (top-1 only, per group)."""
+  out = []
+  for idx in groups:
+    ex = experts[idx][:, :1] if choices == "top1" else experts[idx]
+    counts = np.zeros(E)
+    for row in ex:
+      for e in row:
+        counts[e] += 1
+    f = counts / (counts.sum() if convention == "fraction" else len(idx))
+    out.append(E * np.sum(f * probs[idx].mean(0)))
+  return np.mean(out)
+
+
+@pytest.mark.parametrize("choices", ["all", "top1"])
+@pytest.mark.parametrize("convention", ["fraction", "count"])
+@pytest.mark.parametrize("granularity", ["global_batch", "sequence"])
+def test_balance_conventions_match_numpy(choices, convention, granularity):
+  B, L, E, K = 3, 5, 6, 3
+  r = np.random.default_rng(11)
+  probs = r.dirichlet(np.ones(E), size=(B, L)).astype(np.float32)
+  experts = np.argsort(-(probs + r.uniform(size=probs.shape) * 0.2), -1)[..., :K]
+  assign = losses.balance_assignments(jnp.asarray(experts), E, choices)
+  got = losses.load_balance_loss(
+    jnp.asarray(probs), assign, granularity=granularity, convention=convention
+  )
+  flat_p, flat_e = probs.reshape(-1, E), experts.reshape(-1, K)
+  groups = [np.arange(B * L)] if granularity == "global_batch" else np.split(np.arange(B * L), B)
+  want = _np_convention_balance(
+    flat_p, flat_e, E, choices=choices, convention=convention, groups=groups
+  )
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
+  # Balanced routing gives 1 (fraction) or the choices per token (count): the scale a
+  # copied coefficient is calibrated to.
+  flat = jnp.full((1, E, E), 1.0 / E)
+  uniform = jnp.asarray([[[(t + j) % E for j in range(K)] for t in range(E)]])
+  bal = losses.load_balance_loss(
+    flat,
+    losses.balance_assignments(uniform, E, choices),
+    granularity=granularity,
+    convention=convention,
+  )
+  per_token = 1 if choices == "top1" else K
+  np.testing.assert_allclose(float(bal), per_token if convention == "count" else 1.0, rtol=1e-6)
+
+
+def test_balance_fractions_global_override_and_bad_names():
+  counts = jnp.asarray([[3.0, 1.0, 0.0, 4.0]])
+  np.testing.assert_allclose(
+    losses.balance_fractions(counts, 4, "fraction"), [[3 / 8, 1 / 8, 0, 4 / 8]]
+  )
+  np.testing.assert_allclose(losses.balance_fractions(counts, 4, "count"), [[3 / 4, 1 / 4, 0, 1]])
+  with pytest.raises(ValueError, match="loss.balance_convention"):
+    losses.balance_fractions(counts, 4, "tokens")
+  with pytest.raises(ValueError, match="loss.balance_choices"):
+    losses.balance_assignments(jnp.zeros((2, 2), jnp.int32), 4, "top2")

@@ -7,13 +7,16 @@ with the per-rule conventions written here from DESIGN.md's table.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.moe import MoEBlock, MoEConfig, RouterBias
+from moejax import losses
+from moejax.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
 
 D, F, E, K, T, FS = 16, 8, 8, 2, 12, 8  # d_model, d_expert, experts, top_k, tokens, d_shared
 
@@ -37,6 +40,19 @@ AUX_KEYS = {
   "routed_out_rms",
   "router_entropy",
 }
+
+
+def aux_of(ro: RouterOut) -> dict:
+  """The DESIGN.md §6 per-layer values from a RouterOut: its diagnostics plus the two
+  losses, computed as the trainer does (losses.py) on the whole call."""
+  E_ = ro.probs.shape[-1]
+  probs = ro.probs.reshape(1, -1, E_)
+  assign = losses.balance_assignments(ro.experts, E_, "all").reshape(1, -1, E_)
+  return {
+    **ro.diag._asdict(),
+    "aux_loss": losses.load_balance_loss(probs, assign, granularity="global_batch"),
+    "z_loss": losses.router_z_loss(ro.logits),
+  }
 
 
 def _np(v) -> np.ndarray:
@@ -188,7 +204,8 @@ def test_param_tree_names_and_shapes(rule, d_shared):
 def test_block_matches_numpy(rule):
   block = make_block(rule, d_shared=0 if rule == "mixtral" else FS, seed=1)
   x = _x(1)
-  y, aux = block(jnp.asarray(x))
+  y, ro = block(jnp.asarray(x))
+  aux = aux_of(ro)
   y_ref, aux_ref = ref_block(block, rule, x)
   assert y.shape == x.shape and y.dtype == jnp.float32
   assert np.abs(y_ref).mean() > 0.1  # the parameters are large enough to test anything
@@ -202,7 +219,8 @@ def test_block_k_and_k2_overrides(rule):
   block = make_block(rule, seed=2)
   x = _x(2)
   for kw in (dict(k=1), dict(k=2, k2=8), dict(k=1, k2=4)):
-    y, aux = block(jnp.asarray(x), **kw)
+    y, ro = block(jnp.asarray(x), **kw)
+    aux = aux_of(ro)
     y_ref, aux_ref = ref_block(block, rule, x, **kw)
     np.testing.assert_allclose(np.asarray(y), y_ref, rtol=1e-5, atol=1e-5, err_msg=str(kw))
     np.testing.assert_allclose(
@@ -212,11 +230,11 @@ def test_block_k_and_k2_overrides(rule):
       float(aux["shared_coef"]), aux_ref["shared_coef"], rtol=1e-5, atol=1e-7, err_msg=str(kw)
     )
   # Spot values independent of the parameters: trained K = 2 drives the constants.
-  _, aux = block(jnp.asarray(x), k=1)
+  aux = aux_of(block(jnp.asarray(x), k=1)[1])
   want_mass_k1 = {"mixtral": 1.0, "olmo": 2.0}
   if rule in want_mass_k1:
     np.testing.assert_allclose(float(aux["routed_mass"]), want_mass_k1[rule], rtol=1e-6)
-  _, aux = block(jnp.asarray(x), k=2, k2=8)
+  aux = aux_of(block(jnp.asarray(x), k=2, k2=8)[1])
   if rule == "olmo":  # 2 · Σ_{top-2} s / Σ_all s < 2
     assert float(aux["routed_mass"]) < 2.0 - 1e-3
   if rule == "kplus1":
@@ -237,8 +255,12 @@ def test_block_k_override_out_of_range_raises():
 def test_aux_keys_dtypes_and_z_loss():
   block = make_block("megatron", seed=3)
   x = _x(3)
-  _, aux = block(jnp.asarray(x))
-  assert AUX_KEYS <= set(aux)
+  _, ro = block(jnp.asarray(x))
+  assert isinstance(ro, RouterOut) and isinstance(ro.diag, Diagnostics)
+  assert ro.logits.shape == ro.probs.shape == x.shape[:-1] + (E,)
+  assert ro.experts.shape == x.shape[:-1] + (K,) and ro.experts.dtype == jnp.int32
+  aux = aux_of(ro)
+  assert AUX_KEYS == set(aux)
   for key, val in aux.items():
     assert jnp.asarray(val).dtype == jnp.float32 and jnp.shape(val) == (), key
   logits = x.reshape(-1, D).astype(np.float64) @ _np(block.router.kernel)
@@ -253,8 +275,9 @@ def test_aux_keys_dtypes_and_z_loss():
   def f(state, x):
     return nnx.merge(graphdef, state)(x)
 
-  y_j, aux_j = f(state, jnp.asarray(x))
-  y_e, aux_e = block(jnp.asarray(x))
+  y_j, ro_j = f(state, jnp.asarray(x))
+  y_e, ro_e = block(jnp.asarray(x))
+  aux_j, aux_e = aux_of(ro_j), aux_of(ro_e)
   np.testing.assert_allclose(np.asarray(y_j), np.asarray(y_e), rtol=1e-5, atol=1e-6)
   for key in AUX_KEYS:
     np.testing.assert_allclose(
@@ -266,7 +289,8 @@ def test_router_runs_in_float32_with_bfloat16_compute():
   block = make_block("olmoe", d_shared=0, seed=4, dtype="bfloat16")
   x = _x(4)
   for xin in (jnp.asarray(x), jnp.asarray(x, jnp.bfloat16)):
-    y, aux = block(xin)
+    y, ro = block(xin)
+    aux = aux_of(ro)
     assert y.dtype == xin.dtype
     for key in AUX_KEYS:
       assert aux[key].dtype == jnp.float32, key
@@ -312,3 +336,36 @@ def test_good_configs_construct():
   MoEConfig(d_model=D, n_experts=E, top_k=E, d_expert=F)
   MoEConfig(d_model=D, n_experts=E, top_k=2, d_expert=F, second_expert="random")
   MoEConfig(d_model=D, n_experts=E, top_k=1, d_expert=F, rule="switch", dispatch="capacity")
+
+
+# --------------------------------------------------------------------------- GShard random 2nd
+
+
+def test_random_second_expert_applies_at_eval_with_a_fixed_seed():
+  kw = dict(dispatch="dropless", second_expert="random")
+  same = make_block("mixtral", d_shared=0, seed=5, **kw)
+  every = make_block("mixtral", d_shared=0, seed=5, eval_second_expert="all", **kw)
+  x = jnp.asarray(_x(5))
+  y1, ro1 = same(x)
+  y2, _ = same(x)
+  np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))  # fixed eval seed
+  # Some second choices are not dispatched at eval: the trained routing, not all K.
+  assert 0.0 < float(ro1.diag.drop_fraction) < 0.5
+  y_all, ro_all = every(x)
+  assert float(ro_all.diag.drop_fraction) == 0.0
+  y_ref, _ = ref_block(every, "mixtral", np.asarray(x))
+  np.testing.assert_allclose(np.asarray(y_all), y_ref, rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(y1) - y_ref).max() > 1e-3
+
+
+def test_expert_init_std():
+  cfg = MoEConfig(d_model=64, n_experts=4, top_k=2, d_expert=64, init_std=0.02, expert_init_std=0.5)
+  block = MoEBlock(cfg, rngs=nnx.Rngs(0))
+  # layers.init_normal is a normal truncated at ±2σ: its std is σ·sqrt(1 − 4φ(2)/(2Φ(2) − 1)).
+  phi2 = np.exp(-2.0) / np.sqrt(2 * np.pi)
+  shrink = np.sqrt(1 - 4 * phi2 / 0.9544997361)
+  for name in ("w_gate", "w_up", "w_down"):
+    assert abs(_np(getattr(block.experts, name)).std() / (0.5 * shrink) - 1) < 0.03, name
+  assert abs(_np(block.router.kernel).std() / (0.02 * shrink) - 1) < 0.15
+  default = MoEBlock(dataclasses.replace(cfg, expert_init_std=0.0), rngs=nnx.Rngs(0))
+  assert abs(_np(default.experts.w_up).std() / (0.02 * shrink) - 1) < 0.03
