@@ -240,12 +240,12 @@ def describe_dispatch(c: ml_collections.ConfigDict, moe) -> str:
 
 def describe_losses(c: ml_collections.ConfigDict) -> str:
   lo = c.loss
-  # `fraction` was the only convention before the `loss.balance_convention` key.
-  convention = lo.get("balance_convention", "fraction")
+  convention = lo.balance_convention
   balance = "off"
   if lo.balance_weight > 0:
     balance = f"{lo.balance_weight:g} E sum_i f_i P_i per {lo.balance_granularity}, "
-    balance += f"{_BALANCE.get(convention, convention)}, P_i = mean router probability"
+    balance += f"{_BALANCE[convention]}, {lo.balance_choices} choices, "
+    balance += "P_i = mean router probability"
   z = f"{lo.z_loss_weight:g} mean(logsumexp(z)^2)" if lo.z_loss_weight > 0 else "off"
   bias = "off"
   if lo.bias_update_rate > 0:
