@@ -132,12 +132,15 @@ class Block(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
+    routed_scale: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[str, Any] | None]:
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
       return x_BxLxD + self.mlp(h_BxLxD), None
-    y_BxLxD, aux, stats = self.mlp.forward(h_BxLxD, k=k, k2=k2, train=train, rng=rng)
+    y_BxLxD, aux, stats = self.mlp.forward(
+      h_BxLxD, k=k, k2=k2, train=train, rng=rng, routed_scale=routed_scale
+    )
     moe_out = {"layer": self.layer, "aux": aux, "stats": stats}
     return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), moe_out
 
@@ -178,15 +181,24 @@ class Transformer(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
+    routed_scale_M: jax.Array | None = None,
   ) -> tuple[jax.Array, list[dict[str, Any]]]:
-    """Float32 logits [B, L, V] and one {"layer", "aux", "stats"} dict per MoE layer."""
+    """Float32 logits [B, L, V] and one {"layer", "aux", "stats"} dict per MoE layer.
+
+    `routed_scale_M` (optional, eval): one multiplier of the routed output per MoE layer, in
+    layer order; a traced array, so one compiled forward serves every value."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
     x_BxLxD = self.embed(tokens_BxL)
     moe_outs = []
     for i, block in enumerate(self.layers):
       layer_rng = None if rng is None else jax.random.fold_in(rng, i)
-      x_BxLxD, moe_out = block(x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng)
+      scale = None
+      if routed_scale_M is not None and block.is_moe:
+        scale = routed_scale_M[len(moe_outs)]
+      x_BxLxD, moe_out = block(
+        x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng, routed_scale=scale
+      )
       if moe_out is not None:
         moe_outs.append(moe_out)
     h_BxLxD = self.final_norm(x_BxLxD).astype(jnp.float32)

@@ -142,9 +142,14 @@ class MoEBlock(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
+    routed_scale: jax.Array | None = None,
   ):
     """Like `__call__`, plus per-token router statistics for the balance losses:
-    `probs` (normalized full-router probabilities) and `assign` (0/1 per expert)."""
+    `probs` (normalized full-router probabilities) and `assign` (0/1 per expert).
+
+    `routed_scale` (eval, the k-grid's `sqrt`/`gain` cells): a scalar multiplying the routed
+    output Σ r_i·Expert_i(x), not the shared expert. At eval `aux` also has the score masses
+    `mass_k1`, `mass_K`, `mass_k2` (routing.score_masses) and `moe_out_rms` (routed + shared)."""
     cfg, rule = self.cfg, self.cfg.merge_rule
     lead, D = x.shape[:-1], x.shape[-1]
     x_TxD = x.reshape(-1, D)
@@ -163,6 +168,8 @@ class MoEBlock(nnx.Module):
       keep_TxK = dsp.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
     routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK)
+    if routed_scale is not None:
+      routed_TxD = routed_TxD * jnp.asarray(routed_scale, routed_TxD.dtype)
     y_TxD, coef_T = routed_TxD, jnp.zeros((T,), jnp.float32)
     if cfg.d_shared > 0 and rule.shared != "none":
       gate_T = None
@@ -177,6 +184,10 @@ class MoEBlock(nnx.Module):
     aux = diagnostics(
       logits_TxE, probs_TxE, assign_TxE, ro.weights_TxK, kept_TxK, routed_TxD, coef_T
     )
+    if not train:
+      masses = routing.score_masses(ro, rule, k, K, k2, self.router.bias[...])
+      aux.update({n: m.mean() for n, m in zip(("mass_k1", "mass_K", "mass_k2"), masses)})
+      aux["moe_out_rms"] = jnp.sqrt(jnp.mean(y_TxD.astype(jnp.float32) ** 2))
     stats = {"probs": probs_TxE.reshape(*lead, E), "assign": assign_TxE.reshape(*lead, E)}
     return y_TxD.reshape(*lead, D).astype(x.dtype), aux, stats
 
