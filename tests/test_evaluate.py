@@ -526,7 +526,7 @@ def test_row_detects_known_shift():
   assert row["gain"] == pytest.approx(0.5)  # sqrt(0.25 / 1) and sqrt(1 / 4)
   assert row["routed_mass"] == pytest.approx(0.6) and row["coef_sum"] == row["routed_mass"]
   assert row["routed_rms_per_layer"] == {"layer0": 0.5, "layer1": 1.0}  # √ of the mean squares
-  assert row["moe_gain"] == pytest.approx(0.5) and row["mass_k1"] == pytest.approx(0.3)
+  assert row["moe_gain"] == pytest.approx(0.5) and row["mass_k1"] == pytest.approx(0.35)
   assert row["n_sequences"] == n
   json.dumps(row)  # rows go to k_grid.jsonl
 
