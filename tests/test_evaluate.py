@@ -736,7 +736,7 @@ def test_gain_fit_recovers_known_scale(restored):
   params = jax.tree.map(lambda a: a, ev.params)
   for layer, f in zip(sorted(params["layers"]), factors):
     w = params["layers"][layer]["mlp"]["experts"]["w_down"]
-    w.value = w.value * f
+    w[...] = w[...] * f
   scaled = forward.CellForward(ev.graphdef, params, ev.router, ev.n_moe_layers)
   scaled._compiled = fwd._compiled  # same graph, same compiled forwards
   got = gain.fit_gain(lambda s: scaled.run(calib, K, scale_M=s).layers["routed_out_rms"], target_ms)
