@@ -95,3 +95,35 @@ def restore(
       f"config ({type(e).__name__}: {reason})"
     ) from None
   return step, out.state, out.data
+
+
+def restore_params(
+  mngr: ocp.CheckpointManager, abstract: dict[str, Any], step: int | None = None
+) -> tuple[int, dict[str, Any]]:
+  """(step, {"params", "router"}) of a training checkpoint, without its optimizer state or
+  data state: `abstract` holds only the `params` and `router` trees (shapes and dtypes), and
+  every array lands on this process's first device. `step=None` takes the latest."""
+  directory = mngr.directory
+  steps = mngr.all_steps()
+  if not steps:
+    raise UserError(f"no checkpoint in {directory}")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise UserError(
+      f"no checkpoint for step {step} in {directory}; "
+      f"available: {', '.join(map(str, sorted(steps)))}"
+    )
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
+  restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=device), target)
+  partial = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
+  try:
+    with _native_stderr_muted_on_failure():
+      out = mngr.restore(step, args=ocp.args.Composite(state=partial))
+  except Exception as e:  # orbax raises many types for truncated or foreign files
+    reason = " ".join(str(e).split())[:200]
+    raise UserError(
+      f"checkpoint {directory}/{step} is unreadable or does not match this "
+      f"config ({type(e).__name__}: {reason})"
+    ) from None
+  return step, {name: out.state[name] for name in abstract}

@@ -105,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = dict(
     k1="", k2="", sequences=256, batch_size=32, bootstrap_resamples=2000, after_train=False
   )
+  c.eval.gain_sequences = 64  # held-out windows after the evaluated ones: the `gain` fit
   c.wandb = dict(mode="auto", project="moejax", entity="", name="", tags="")
   c.mesh = dict(data=-1, fsdp=1, expert=1)
   return c
@@ -202,6 +203,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "train.eval_sequences",
     "eval.sequences",
     "eval.batch_size",
+    "eval.gain_sequences",
     "data.batch_size",
   ):
     _positive(c, path)

@@ -1,34 +1,43 @@
-"""`python -m moejax.evaluate --workdir DIR [--step N] [--k1 8,4,2] [--k2 native,k1,16,E]`.
+"""`python -m moejax.evaluate --workdir DIR [--step N] [--k1 8,4,2] [--k2 native,k1,K,4K,E,gain]`.
 
-Evaluates a checkpoint at fewer experts (k1) under every normalization (k2) on the
-held-out split and writes DIR/eval/k_grid.{jsonl,md,png} (DESIGN.md §7); see moejax.grid.
+Evaluates a checkpoint at fewer experts (k1) under every normalization (k2) and the
+rescaling cells (`sqrt`, `gain`) on the held-out split. Writes DIR/eval/k_grid.{jsonl,md,png}
+for the latest checkpoint, or DIR/eval/step{N}/k_grid.* with --step N (DESIGN.md §7); the
+work is done by `moejax.kgrid`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 from absl import flags
 
 from moejax import cli
-from moejax.grid import load_config, run_grid  # noqa: F401  (public API; cheap imports)
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _K1 = flags.DEFINE_string("k1", "", "Comma-separated k1 values (default K, K/2, ..., 1).")
 _K2 = flags.DEFINE_string(
-  "k2", "", "Comma-separated k2: native, k1, K, 2K, E or integers (default native,k1,K,2K,E)."
+  "k2",
+  "",
+  "Comma-separated k2: native, k1, K, 2K, 4K, E, integers, sqrt, gain "
+  "(default eval.k2, else native,k1,K,2K,E).",
 )
 _SEQUENCES = flags.DEFINE_integer("sequences", None, "Held-out sequences (default eval.sequences).")
 _BATCH = flags.DEFINE_integer("batch_size", None, "Eval batch size (default eval.batch_size).")
 _RESAMPLES = flags.DEFINE_integer("resamples", None, "Bootstrap resamples (default 2000).")
+_GAIN_SEQUENCES = flags.DEFINE_integer(
+  "gain_sequences", None, "Calibration windows of the gain fit (default eval.gain_sequences)."
+)
 
 
 def main() -> int:
   cli.parse_flags(sys.argv)
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
+  from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
+
   run_grid(
     _WORKDIR.value,
     step=_STEP.value,
@@ -37,8 +46,10 @@ def main() -> int:
     sequences=_SEQUENCES.value,
     batch_size=_BATCH.value,
     resamples=_RESAMPLES.value,
+    gain_sequences=_GAIN_SEQUENCES.value,
   )
-  print(open(os.path.join(_WORKDIR.value, "eval", "k_grid.md")).read())
+  sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
+  print(Path(_WORKDIR.value, "eval", *sub, "k_grid.md").read_text())
   return 0
 
 

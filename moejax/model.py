@@ -131,12 +131,15 @@ class Block(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
+    routed_scale: jax.Array | None = None,
   ) -> tuple[jax.Array, RouterOut | None]:
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
       return x_BxLxD + self.mlp(h_BxLxD), None
-    y_BxLxD, router_out = self.mlp(h_BxLxD, k=k, k2=k2, train=train, rng=rng)
+    y_BxLxD, router_out = self.mlp(
+      h_BxLxD, k=k, k2=k2, train=train, rng=rng, routed_scale=routed_scale
+    )
     return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), router_out
 
 
@@ -176,11 +179,14 @@ class Transformer(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
+    routed_scale_M: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[int, RouterOut]]:
     """Float32 logits [B, L, V] and the `RouterOut` of each MoE layer, by layer index.
 
     At eval without `rng`, routing randomness (GShard's random second expert) uses a fixed
-    seed, so evaluations are reproducible."""
+    seed, so evaluations are reproducible. `routed_scale_M` (optional, eval): one multiplier
+    of the routed output per MoE layer, in layer order; a traced array, so one compiled
+    forward serves every value."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
     x_BxLxD = self.embed(tokens_BxL)
@@ -189,7 +195,12 @@ class Transformer(nnx.Module):
     routers = {}
     for i, block in enumerate(self.layers):
       layer_rng = None if rng is None else jax.random.fold_in(rng, i)
-      x_BxLxD, out = block(x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng)
+      scale = None
+      if routed_scale_M is not None and block.is_moe:
+        scale = routed_scale_M[len(routers)]
+      x_BxLxD, out = block(
+        x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng, routed_scale=scale
+      )
       if out is not None:
         routers[i] = out
     h_BxLxD = self.final_norm(x_BxLxD).astype(jnp.float32)

@@ -39,6 +39,15 @@ class Diagnostics(NamedTuple):
   router_entropy: jax.Array
 
 
+class EvalDiagnostics(NamedTuple):
+  """Eval-only per-layer scalars the k1:k2 grid reports (routing.score_masses)."""
+
+  mass_k1: jax.Array  # mean top-k1 score mass
+  mass_K: jax.Array  # mean top-K (trained) score mass
+  mass_k2: jax.Array  # mean denominator actually used (1 for norm=none)
+  moe_out_rms: jax.Array  # rms of routed + shared output
+
+
 class RouterOut(NamedTuple):
   """What the losses and the logs need from one MoE layer; leading shape of x."""
 
@@ -46,6 +55,7 @@ class RouterOut(NamedTuple):
   probs: jax.Array  # [..., E] full-router probabilities, per token summing to 1 (balance loss)
   experts: jax.Array  # [..., k] int32 selected experts, best first (balance loss, loads)
   diag: Diagnostics
+  eval_diag: EvalDiagnostics | None = None  # only at eval (train=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +172,13 @@ class MoEBlock(nnx.Module):
     k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
+    routed_scale: jax.Array | None = None,
   ) -> tuple[jax.Array, RouterOut]:
     """Returns (y, RouterOut) with y shaped like x. `rng` drives the router jitter and the
-    random second expert in training; at eval the latter uses a fixed seed when rng is None."""
+    random second expert in training; at eval the latter uses a fixed seed when rng is None.
+
+    `routed_scale` (eval, the k-grid's `sqrt`/`gain` cells): a scalar multiplying the routed
+    output Σ r_i·Expert_i(x), not the shared expert."""
     cfg, rule = self.cfg, self.cfg.merge_rule
     lead, D = x.shape[:-1], x.shape[-1]
     x_TxD = x.reshape(-1, D)
@@ -185,6 +199,8 @@ class MoEBlock(nnx.Module):
       keep_TxK = dsp.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
     routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK)
+    if routed_scale is not None:
+      routed_TxD = routed_TxD * jnp.asarray(routed_scale, routed_TxD.dtype)
     y_TxD, coef_T = routed_TxD, jnp.zeros((T,), jnp.float32)
     if cfg.d_shared > 0 and rule.shared != "none":
       gate_T = None
@@ -196,11 +212,17 @@ class MoEBlock(nnx.Module):
 
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
     diag = diagnostics(probs_TxE, ro.experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T)
+    eval_diag = None
+    if not train:
+      masses = routing.score_masses(ro, rule, k, K, k2, self.router.bias[...])
+      moe_rms = jnp.sqrt(jnp.mean(y_TxD.astype(jnp.float32) ** 2))
+      eval_diag = EvalDiagnostics(*(m.mean() for m in masses), moe_rms)
     out = RouterOut(
       logits_TxE.reshape(*lead, E),
       probs_TxE.reshape(*lead, E),
       ro.experts_TxK.reshape(*lead, k),
       diag,
+      eval_diag,
     )
     return y_TxD.reshape(*lead, D).astype(x.dtype), out
 

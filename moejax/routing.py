@@ -175,7 +175,7 @@ def validate(
     raise UserError(f"k={k} is not allowed; use 1 <= k <= n_experts={E}")
   if train_k is not None and not 1 <= train_k <= E:
     raise UserError(f"train_k={train_k} is not allowed; use 1 <= train_k <= n_experts={E}")
-  if k2 is not None and not k <= k2 <= E:
+  if k2 is not None and not isinstance(k2, jax.Array) and not k <= k2 <= E:  # traced: caller checks
     raise UserError(f"k2={k2} is not allowed; use k={k} <= k2 <= n_experts={E}")
   if E % rule.n_groups:
     raise UserError(f"{KEY}.n_groups={rule.n_groups} is not allowed; it must divide n_experts={E}")
@@ -219,18 +219,40 @@ def selection_keys(
   return masked_TxGxS.reshape(T, E)
 
 
-def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2: int) -> jax.Array:
-  """Σ s_j over the top-k2 experts in selection order: kept experts by key, then (when k2
-  exceeds the kept groups) the masked experts by score, so ties at −inf never decide."""
+def selection_cumsum(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule) -> jax.Array:
+  """cum_TxE[:, j] = Σ s over the first j+1 experts in selection order: kept experts by key,
+  then (past the kept groups) the masked experts by score, so ties at −inf never decide."""
   E = s_TxE.shape[-1]
   n_kept = rule.kept_experts(E)
-  _, top_TxK2 = jax.lax.top_k(key_TxE, min(k2, n_kept))
-  mass_T = jnp.take_along_axis(s_TxE, top_TxK2, axis=-1).sum(-1)
-  if k2 > n_kept:
+  _, top_TxN = jax.lax.top_k(key_TxE, n_kept)
+  s_sorted_TxE = jnp.take_along_axis(s_TxE, top_TxN, axis=-1)
+  if n_kept < E:
     masked_TxE = jnp.where(jnp.isneginf(key_TxE), s_TxE, -jnp.inf)
-    extra_TxX, _ = jax.lax.top_k(masked_TxE, k2 - n_kept)
-    mass_T = mass_T + extra_TxX.sum(-1)
-  return mass_T
+    extra_TxX, _ = jax.lax.top_k(masked_TxE, E - n_kept)
+    s_sorted_TxE = jnp.concatenate([s_sorted_TxE, extra_TxX], axis=-1)
+  return jnp.cumsum(s_sorted_TxE, axis=-1)
+
+
+def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2) -> jax.Array:
+  """Σ s_j over the top-k2 experts in selection order (`selection_cumsum`); `k2` may be a
+  traced int scalar, so one compiled step serves every k2."""
+  return jnp.take(selection_cumsum(s_TxE, key_TxE, rule), k2 - 1, axis=-1)
+
+
+def score_masses(ro: Routing, rule: MergeRule, k: int, train_k: int, k2=None, bias_E=None):
+  """(mass_k1_T, mass_K_T, denom_T): the top-k and top-K (trained) score masses in selection
+  order, and the denominator p_i = s_i / denom_T actually used (1 for `norm=none`)."""
+  key_TxE = selection_keys(ro.scores_TxE, rule, bias_E)
+  cum_TxE = selection_cumsum(ro.scores_TxE, key_TxE, rule)
+  mass_k1_T, mass_K_T = cum_TxE[:, k - 1], cum_TxE[:, train_k - 1]
+  if k2 is not None:
+    return mass_k1_T, mass_K_T, jnp.take(cum_TxE, k2 - 1, axis=-1)
+  if rule.norm == "sum":
+    return mass_k1_T, mass_K_T, mass_k1_T
+  if rule.norm == "lp":
+    s_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, axis=-1)
+    return mass_k1_T, mass_K_T, (s_TxK**rule.lp).sum(-1) ** (1.0 / rule.lp)
+  return mass_k1_T, mass_K_T, jnp.ones_like(mass_k1_T)
 
 
 def route(

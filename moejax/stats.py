@@ -1,4 +1,5 @@
-"""Paired statistics for the k1:k2 grid: per-sequence losses of a cell vs the reference cell."""
+"""Statistics for the k1:k2 grid: paired per-sequence tests of a cell against the reference
+cell within one run, and a seed-level (hierarchical bootstrap) estimate across runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from scipy import stats as sps
 from moejax.errors import UserError
 
 MIN_RESAMPLES = 1000
+# A cell whose per-sequence losses differ from the reference by less than this times the
+# reference's mean |loss| is the same computation up to float rounding: Δ 0, p 1.
+EQUAL_RTOL = 1e-6
 _CHUNK_ELEMENTS = 2_000_000  # resample indices drawn per chunk, bounds memory
 
 
@@ -61,7 +65,9 @@ def paired_p_value(diff_N) -> float:
 def summarize_cell(loss_N, ref_loss_N, **kw) -> dict:
   """Delta, paired-bootstrap CI and p-value of a cell's per-sequence losses vs the reference.
 
-  `kw` goes to `paired_bootstrap_ci` (n_resamples, confidence, seed).
+  `kw` goes to `paired_bootstrap_ci` (n_resamples, confidence, seed). Differences all below
+  EQUAL_RTOL · mean|ref| are float rounding of the same computation (e.g. softmax ÷ Σ of all
+  E scores vs no normalization): reported as Δ 0, CI [0, 0], p 1, never significant.
   """
   loss_N = _as_diff(loss_N, "loss_N")
   ref_loss_N = _as_diff(ref_loss_N, "ref_loss_N")
@@ -71,5 +77,41 @@ def summarize_cell(loss_N, ref_loss_N, **kw) -> dict:
       f"{loss_N.shape} (same sequences, same order)"
     )
   diff_N = loss_N - ref_loss_N
+  if np.max(np.abs(diff_N)) <= EQUAL_RTOL * np.mean(np.abs(ref_loss_N)):
+    return {"delta": 0.0, "delta_ci95": [0.0, 0.0], "p_value": 1.0}
   low, high = paired_bootstrap_ci(diff_N, **kw)
-  return dict(delta=float(diff_N.mean()), delta_ci95=[low, high], p_value=paired_p_value(diff_N))
+  p_value = paired_p_value(diff_N)
+  return {"delta": float(diff_N.mean()), "delta_ci95": [low, high], "p_value": p_value}
+
+
+def seed_level(
+  deltas_by_seed: list, n_resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, tuple[float, float]]:
+  """(mean, (lo, hi)): the mean over seeds of each seed's mean per-sequence Δ, with a
+  percentile CI from a hierarchical bootstrap that includes seed-to-seed variance.
+
+  Each resample draws S seeds with replacement, then, for every drawn seed, its sequences
+  with replacement, and averages the drawn seeds' means. With one seed this is the paired
+  bootstrap of that seed. Deterministic per `seed`.
+  """
+  if not isinstance(deltas_by_seed, (list, tuple)) or not deltas_by_seed:
+    raise UserError("deltas_by_seed: must be a non-empty list of 1-D arrays (one per seed)")
+  if int(n_resamples) != n_resamples or n_resamples < MIN_RESAMPLES:
+    raise UserError(f"n_resamples: got {n_resamples!r}, allowed an int >= {MIN_RESAMPLES}")
+  if not 0.0 < confidence < 1.0:
+    raise UserError(f"confidence: got {confidence!r}, allowed a float in (0, 1)")
+  seeds = [_as_diff(d, f"deltas_by_seed[{i}]") for i, d in enumerate(deltas_by_seed)]
+  S, R = len(seeds), int(n_resamples)
+  rng = np.random.default_rng(seed)
+  pick_RxS = rng.integers(0, S, size=(R, S))
+  means_RxS = np.empty((R, S))
+  for s, d_N in enumerate(seeds):  # every slot that drew seed s gets one bootstrap mean of s
+    slots = np.flatnonzero(pick_RxS.ravel() == s)
+    chunk = max(1, _CHUNK_ELEMENTS // d_N.size)
+    for start in range(0, slots.size, chunk):
+      part = slots[start : start + chunk]
+      idx_PxN = rng.integers(0, d_N.size, size=(part.size, d_N.size))
+      means_RxS.ravel()[part] = d_N[idx_PxN].mean(axis=1)
+  alpha = 1.0 - confidence
+  low, high = np.quantile(means_RxS.mean(axis=1), [alpha / 2, 1.0 - alpha / 2])
+  return float(np.mean([d.mean() for d in seeds])), (float(low), float(high))

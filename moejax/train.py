@@ -29,9 +29,9 @@ def main() -> int:
   except trainer.Diverged as e:
     cli.fail(e, code=1)
   if _CONFIG.value.eval.after_train:
-    from moejax import grid  # pylint: disable=import-outside-toplevel
+    from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel
 
-    grid.run_grid(_WORKDIR.value)
+    run_grid(_WORKDIR.value)
     print(open(f"{_WORKDIR.value}/eval/k_grid.md").read())
     print(f"grid: {_WORKDIR.value}/eval/k_grid.{{jsonl,md,png}}")
   return 0

@@ -1,0 +1,79 @@
+"""Compiles and wall time of a k1:k2 grid: one compiled step per cell (static k2, the former
+evaluator) vs moejax.kgrid's traced k2 and routed scale (one per k1 and k2 family).
+
+    python benchmarks/kgrid_compiles.py --workdir DIR [--k1 4,2,1] [--k2 native,k1,K,2K,E]
+
+DIR is a trained run (e.g. tests' tiny config). Both variants run in this process on the
+same restored parameters and held-out batches; the printed ratio is per-cell over shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from moejax import step as step_lib
+from moejax.config import moe_config
+from moejax.kgrid import cells as cells_lib
+from moejax.kgrid import loading
+from moejax.kgrid.forward import CellForward
+
+_COMPILES: list[float] = []
+
+
+def _listen(event: str, duration: float, **_) -> None:
+  if event.endswith("backend_compile_duration"):
+    _COMPILES.append(duration)
+
+
+def _measure(fn) -> tuple[int, float, float]:
+  """(compiles, seconds compiling, wall seconds) of fn()."""
+  start, t0 = len(_COMPILES), time.perf_counter()
+  fn()
+  return len(_COMPILES) - start, sum(_COMPILES[start:]), time.perf_counter() - t0
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--workdir", required=True)
+  ap.add_argument("--k1", default="")
+  ap.add_argument("--k2", default="native,k1,K,2K,E")
+  ap.add_argument("--sequences", type=int, default=16)
+  ap.add_argument("--batch_size", type=int, default=8)
+  args = ap.parse_args()
+  jax.monitoring.register_event_duration_secs_listener(_listen)
+  c = loading.load_config(args.workdir)
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  k1s = cells_lib.parse_k1(args.k1, K, E)
+  norm = moe_config(c).merge_rule.norm != "none"
+  cells, _ = cells_lib.cells(k1s, cells_lib.parse_k2(args.k2, K, E, k1s), K, E, normalizes=norm)
+  ev = loading.load_run(args.workdir, c, None)
+  w = ev.heldout_NxL1[: args.sequences]
+  batches = [w[i : i + args.batch_size] for i in range(0, len(w), args.batch_size)]
+  state = {"params": ev.params, "router": ev.router}
+
+  def per_cell():
+    for k1, k2 in cells:
+      fn = step_lib.make_eval_step(ev.graphdef, k=k1, k2=None if k2 == "native" else k2)
+      step_lib.evaluate_batches(jax.jit(fn), state, batches)
+
+  def shared():
+    fwd = CellForward(ev.graphdef, ev.params, ev.router, ev.n_moe_layers)
+    for k1, k2 in cells:
+      fwd.run(batches, k1, k2=k2 if isinstance(k2, int) else None)
+
+  shapes = len({b.shape for b in batches})
+  print(f"{len(cells)} cells, k1 {k1s}, {len(batches)} batches ({shapes} shape(s))")
+  results = {name: _measure(fn) for name, fn in (("per-cell", per_cell), ("shared", shared))}
+  for name, (n, secs, wall) in results.items():
+    print(f"{name:9s}: {n:3d} compiles, {secs:6.2f} s compiling, {wall:6.2f} s wall")
+  (n0, _, w0), (n1, _, w1) = results["per-cell"], results["shared"]
+  print(f"ratio per-cell/shared: compiles {n0 / max(n1, 1):.2f}x, wall {w0 / w1:.2f}x")
+  assert np.isfinite(w0 + w1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,89 @@
+"""Which cells a grid runs: k1 values, k2 labels, and their resolution per k1 (DESIGN.md §7).
+
+k1 is the number of experts activated at inference. k2 is an integer denominator override
+(p_i = s_i / Σ_{top-k2} s_j), `native` (the trained rule's own normalization), or one of the
+rescaling cells `sqrt` and `gain` (native coefficients times a per-layer scalar).
+"""
+
+from __future__ import annotations
+
+from moejax.errors import UserError
+
+NATIVE, SQRT, GAIN = "native", "sqrt", "gain"
+SCALED = (SQRT, GAIN)
+NAMED_K2 = {  # label -> k2 as a function of (k1, K, E)
+  "k1": lambda k1, K, E: k1,
+  "K": lambda k1, K, E: K,
+  "2K": lambda k1, K, E: 2 * K,
+  "4K": lambda k1, K, E: 4 * K,
+  "E": lambda k1, K, E: E,
+}
+LABELS = (NATIVE, *NAMED_K2, *SCALED)
+DEFAULT_K2 = "native,k1,K,2K,E"  # DESIGN.md §7
+
+Cell = tuple[int, int | str]  # (k1, k2): k2 an int, "native", "sqrt" or "gain"
+
+
+def default_k1(K: int) -> list[int]:
+  """K, K/2, K/4, ..., 1."""
+  out, k = [], K
+  while k >= 1:
+    out.append(k)
+    k //= 2
+  return out if out[-1] == 1 else out + [1]
+
+
+def parse_k1(spec: str, K: int, E: int) -> list[int]:
+  """`--k1 8,4,2` (or empty for the default halving ladder); each in [1, E], descending."""
+  if not spec:
+    return default_k1(K)
+  out = []
+  for tok in spec.split(","):
+    tok = tok.strip()
+    if not tok.isdigit() or not 1 <= int(tok) <= E:
+      raise UserError(f"--k1 value {tok!r} is not allowed; use integers in [1, E={E}]")
+    out.append(int(tok))
+  return sorted(set(out), reverse=True)
+
+
+def parse_k2(spec: str, K: int, E: int, k1s: list[int]) -> list[str | int]:
+  """`--k2 native,k1,K,2K,4K,E,16,sqrt,gain`: labels resolved per k1 by `cells`."""
+  out: list[str | int] = []
+  for tok in (t.strip() for t in (spec or DEFAULT_K2).split(",")):
+    if tok in LABELS:
+      out.append(tok)
+    elif tok.isdigit() and min(k1s) <= int(tok) <= E:
+      out.append(int(tok))
+    else:
+      raise UserError(
+        f"--k2 value {tok!r} is not allowed; use {', '.join(LABELS)} or an "
+        f"integer in [min k1={min(k1s)}, E={E}] (k2 >= k1)"
+      )
+  return out
+
+
+def cells(
+  k1s: list[int], labels: list[str | int], K: int, E: int, *, normalizes: bool
+) -> tuple[list[Cell], list[str]]:
+  """(cells, notes): resolved, deduplicated cells, the native k1 = K reference first.
+
+  Integer k2 is kept only when k1 <= k2 <= E. `sqrt` and `gain` are skipped at k1 = K (they
+  are native there), and `sqrt` for rules that do not normalize (`normalizes=False`: Σ r_i
+  then already shrinks with k1); each skip adds a note for the report."""
+  out: list[Cell] = [(K, NATIVE)]  # the reference every delta is measured against
+  notes: list[str] = []
+  for k1 in k1s:
+    for label in labels:
+      if label in SCALED and k1 == K:
+        continue
+      if label == SQRT and not normalizes:
+        note = "sqrt: not defined for a rule without normalization (norm=none); skipped"
+        notes += [note] if note not in notes else []
+        continue
+      k2 = label if label in (NATIVE, *SCALED) or isinstance(label, int) else None
+      k2 = NAMED_K2[label](k1, K, E) if k2 is None else k2
+      if isinstance(k2, int) and not k1 <= k2 <= E:
+        continue
+      if (k1, k2) not in out:
+        out.append((k1, k2))
+  return out, notes

@@ -1,0 +1,95 @@
+"""Compiled eval forwards of the grid: per-sequence loss and accuracy, per-layer MoE stats.
+
+One jitted function per (k1, k2 family): `native` and the rescaling cells share one (the
+per-layer routed scale is a traced input, ones for `native`), every integer k2 shares
+another (k2 is a traced scalar). k1 stays static: it sets the shape of the top-k.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax import losses
+from moejax.moe import EvalDiagnostics, RouterOut
+
+# Per-layer block diagnostics averaged over sequences; `*_rms` are averaged as mean squares.
+LAYER_STATS = (
+  "mass_k1",
+  "mass_K",
+  "mass_k2",
+  "routed_mass",
+  "shared_coef",
+  "routed_out_rms",
+  "moe_out_rms",
+)
+
+
+class CellResult(NamedTuple):
+  """Outputs of one cell over the evaluated sequences."""
+
+  loss_N: np.ndarray  # float64 mean next-token loss per sequence
+  accuracy_N: np.ndarray
+  layers: dict[str, np.ndarray]  # LAYER_STATS name -> [M] per MoE layer; rms names as squares
+
+
+def _stat(ro: RouterOut, name: str) -> jax.Array:
+  """A per-layer scalar from the training diagnostics or the eval-only ones."""
+  return getattr(ro.eval_diag if name in EvalDiagnostics._fields else ro.diag, name)
+
+
+def _make_forward(graphdef, k1: int, with_k2: bool):
+  def forward(params, router, tokens_BxL1, k2, scale_M):
+    model = nnx.merge(graphdef, params, router)
+    logits_BxLxV, routers = model(
+      tokens_BxL1[:, :-1],
+      k=k1,
+      k2=k2 if with_k2 else None,
+      train=False,
+      routed_scale_M=scale_M,
+    )
+    _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
+    acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
+    stats = {n: jnp.stack([_stat(ro, n) for ro in routers.values()]) for n in LAYER_STATS}
+    return loss_BxL.mean(-1), acc_BxL.mean(-1), stats
+
+  return forward
+
+
+class CellForward:
+  """Runs cells of one restored model, compiling once per (k1, integer-k2-or-not)."""
+
+  def __init__(self, graphdef, params, router, n_moe_layers: int):
+    self.graphdef, self.params, self.router = graphdef, params, router
+    self.n_moe_layers = n_moe_layers
+    self._compiled: dict[tuple[int, bool], object] = {}
+
+  def compiled(self, k1: int, with_k2: bool):
+    key = (k1, with_k2)
+    if key not in self._compiled:
+      self._compiled[key] = jax.jit(_make_forward(self.graphdef, k1, with_k2))
+    return self._compiled[key]
+
+  def run(
+    self, batches: list[np.ndarray], k1: int, k2: int | None = None, scale_M=None
+  ) -> CellResult:
+    """Cell (k1, k2) with the routed output of MoE layer l times `scale_M[l]` (default 1)."""
+    fn = self.compiled(k1, k2 is not None)
+    scale_M = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
+    k2_arr, scale_arr = jnp.int32(k2 or 0), jnp.asarray(scale_M, jnp.float32)
+    loss, acc, sums, n_seq = [], [], {n: 0.0 for n in LAYER_STATS}, 0
+    for tokens in batches:
+      out = jax.device_get(fn(self.params, self.router, tokens, k2_arr, scale_arr))
+      loss.append(np.asarray(out[0], np.float64))
+      acc.append(np.asarray(out[1], np.float64))
+      n = tokens.shape[0]
+      for name, v_M in out[2].items():
+        v_M = np.asarray(v_M, np.float64)
+        sums[name] = sums[name] + (v_M**2 if name.endswith("_rms") else v_M) * n
+      n_seq += n
+    layers = {name: np.asarray(v) / n_seq for name, v in sums.items()}
+    return CellResult(np.concatenate(loss), np.concatenate(acc), layers)

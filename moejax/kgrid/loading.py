@@ -1,0 +1,77 @@
+"""A run, as evaluation needs it: config, held-out windows and parameters — nothing else.
+
+No optimizer state is built or restored, and the training documents are never tokenized
+(a BPE tokenizer is read from the run's cache; only without one is it retrained).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from moejax import checkpoint
+from moejax import config as config_lib
+from moejax import data as data_lib
+from moejax.build import abstract_model
+from moejax.corpora import load_corpus
+from moejax.errors import UserError
+from moejax.moe import RouterBias
+from moejax.tokenizer import build_tokenizer
+
+
+class EvalRun(NamedTuple):
+  """A restored checkpoint: `nnx.merge(graphdef, params, router)` is the model."""
+
+  step: int
+  graphdef: Any
+  params: Any
+  router: Any
+  heldout_NxL1: np.ndarray  # int32 held-out windows [N, seq_len + 1], in split order
+  n_moe_layers: int
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's saved config, with defaults for keys added since (config.from_saved)."""
+  saved = config_lib.read_saved(workdir)
+  if saved is None:
+    raise UserError(
+      f"{os.path.join(workdir, 'config.json')} not found; --workdir must be a moejax training run"
+    )
+  return config_lib.from_saved(saved)
+
+
+def heldout_windows(c: ml_collections.ConfigDict, workdir: str) -> tuple[np.ndarray, int]:
+  """(held-out windows [N, seq_len+1], vocab size): the same windows, in the same order, as
+  the trainer's `Data.eval_batches`; only the held-out documents are encoded."""
+  docs, info = load_corpus(c.data)
+  held_N = data_lib.heldout_mask(docs, c.data.holdout_fraction, c.data.split_seed)
+  train_docs = [d for d, h in zip(docs, held_N) if not h]  # read only to train a missing BPE
+  tok = build_tokenizer(c.data, train_docs, info.sha256, workdir)
+  stream_T = data_lib.pack(tok.encode_batch([d for d, h in zip(docs, held_N) if h]), tok.eos_id)
+  windows_NxL1 = data_lib.windows(stream_T, c.data.seq_len)
+  if windows_NxL1.shape[0] < 1:
+    raise UserError(
+      f"held-out stream has {len(stream_T)} tokens, < one window of data.seq_len+1="
+      f"{c.data.seq_len + 1}; raise data.holdout_fraction or lower data.seq_len"
+    )
+  return windows_NxL1, tok.vocab_size
+
+
+def load_run(workdir: str, c: ml_collections.ConfigDict, step: int | None) -> EvalRun:
+  """Restores only `params` and `router` of checkpoint `step` (None: the latest)."""
+  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  if mngr.latest_step() is None:
+    raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")
+  windows_NxL1, vocab_size = heldout_windows(c, workdir)
+  model = abstract_model(c, vocab_size)
+  n_moe = sum(1 for block in model.layers if block.is_moe)
+  graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
+  try:
+    step, restored = checkpoint.restore_params(mngr, {"params": params, "router": router}, step)
+  finally:
+    mngr.close()
+  return EvalRun(step, graphdef, restored["params"], restored["router"], windows_NxL1, n_moe)

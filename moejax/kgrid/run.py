@@ -1,0 +1,180 @@
+"""run_grid: every cell of a checkpoint's k1:k2 grid, written to DIR/eval/ (DESIGN.md §7).
+
+Without `step` the latest checkpoint is evaluated into DIR/eval/k_grid.{jsonl,md,png}; with
+`step=N`, checkpoint N into DIR/eval/step{N}/. Deltas are paired per sequence against the
+native k1 = K cell (seeded bootstrap CI, paired t-test). The `gain` cell's scales are fitted
+on the held-out windows that follow the evaluated ones (`gain_sequences` of them), so the
+calibration split never overlaps the evaluated sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from moejax import routing
+from moejax.config import moe_config
+from moejax.errors import UserError
+from moejax.kgrid import cells as cells_lib
+from moejax.kgrid import gain as gain_lib
+from moejax.kgrid import report
+from moejax.kgrid import rows as rows_lib
+from moejax.kgrid.forward import CellForward, CellResult
+from moejax.kgrid.loading import load_config, load_run
+
+
+def _batches(windows_NxL1: np.ndarray, batch_size: int) -> list[np.ndarray]:
+  return [
+    np.ascontiguousarray(windows_NxL1[i : i + batch_size], np.int32)
+    for i in range(0, len(windows_NxL1), batch_size)
+  ]
+
+
+def _check_args(**values) -> None:
+  minimum = {"sequences": 1, "batch_size": 1, "resamples": 1000, "gain_sequences": 1}
+  for name, value in values.items():
+    if value is not None and value < minimum[name]:
+      raise UserError(f"--{name}={value} is not allowed; use an int >= {minimum[name]}")
+
+
+def _split(windows_NxL1, n_eval: int, n_calib: int, log) -> tuple[np.ndarray, np.ndarray]:
+  """(evaluated, calibration) windows: the first n_eval, then up to n_calib after them."""
+  have = windows_NxL1.shape[0]
+  if have < n_eval:
+    log(f"held-out split has {have} windows, < the {n_eval} requested; using {have}")
+  evaluated, calib = windows_NxL1[:n_eval], windows_NxL1[n_eval : n_eval + n_calib]
+  if n_calib and len(calib) == 0:
+    raise UserError(
+      f"--k2 gain needs calibration windows after the {len(evaluated)} evaluated ones, and the "
+      f"held-out split has {have}; lower --sequences or drop gain"
+    )
+  if n_calib and len(calib) < n_calib:
+    log(f"gain: calibration split has {len(calib)} windows (< {n_calib} requested)")
+  return evaluated, calib
+
+
+def _output_dir(workdir: str, step: int | None) -> str:
+  return os.path.join(workdir, "eval", *([] if step is None else [f"step{step}"]))
+
+
+def run_grid(
+  workdir: str,
+  *,
+  step: int | None = None,
+  k1: str = "",
+  k2: str = "",
+  sequences: int | None = None,
+  batch_size: int | None = None,
+  resamples: int | None = None,
+  gain_sequences: int | None = None,
+  log=print,
+) -> list[dict]:
+  """Runs every cell and writes the grid files; returns the rows."""
+  c = load_config(workdir)
+  _check_args(
+    sequences=sequences, batch_size=batch_size, resamples=resamples, gain_sequences=gain_sequences
+  )
+  if c.model.moe_every == 0:
+    raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
+  rule = moe_config(c).merge_rule
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)  # arguments win over the run's eval.k1/k2
+  labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
+  cells, notes = cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
+  run = load_run(workdir, c, step)
+  n_calib = (gain_sequences or c.eval.gain_sequences) if cells_lib.GAIN in labels else 0
+  evaluated, calib = _split(run.heldout_NxL1, sequences or c.eval.sequences, n_calib, log)
+  bs = batch_size or c.eval.batch_size
+  batches = _batches(evaluated, bs)
+  log(
+    f"k-grid of {workdir} step {run.step}: {len(cells)} cells on {len(evaluated)} held-out "
+    f"sequences" + (f", gain fitted on the next {len(calib)}" if n_calib else "")
+  )
+  fwd = CellForward(run.graphdef, run.params, run.router, run.n_moe_layers)
+  results, scales = _run_cells(fwd, cells, batches, _batches(calib, bs), K, run.n_moe_layers)
+  ref = results[(K, cells_lib.NATIVE)]
+  resamples = resamples or c.eval.bootstrap_resamples
+  rows = [
+    dict(
+      rows_lib.row(
+        cell, results[cell], ref, resamples=resamples, seed=c.train.seed, scale_M=scales.get(cell)
+      ),
+      step=run.step,
+    )
+    for cell in cells
+  ]
+  _write(rows, c, rule, notes, _output_dir(workdir, step), workdir)
+  return rows
+
+
+def _run_cells(
+  fwd: CellForward, cells, batches, calib_batches, K: int, n_moe: int
+) -> tuple[dict, dict]:
+  """{cell: CellResult} and {cell: scale_M} for the rescaling cells."""
+  results: dict[cells_lib.Cell, CellResult] = {}
+  scales: dict[cells_lib.Cell, np.ndarray] = {}
+  target_ms_M = None
+  for k1, k2 in cells:
+    scale_M = None
+    if k2 == cells_lib.SQRT:
+      scale_M = gain_lib.sqrt_scale(k1, K, n_moe)
+    elif k2 == cells_lib.GAIN:
+      if target_ms_M is None:
+        target_ms_M = fwd.run(calib_batches, K).layers["routed_out_rms"]
+      scale_M = gain_lib.fit_gain(
+        lambda s, k1=k1: fwd.run(calib_batches, k1, scale_M=s).layers["routed_out_rms"],
+        target_ms_M,
+      )
+    int_k2 = k2 if isinstance(k2, int) else None
+    results[(k1, k2)] = fwd.run(batches, k1, k2=int_k2, scale_M=scale_M)
+    if scale_M is not None:
+      scales[(k1, k2)] = scale_M
+  return results, scales
+
+
+def _write(rows: list[dict], c, rule: routing.MergeRule, notes, out: str, workdir: str) -> None:
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "k_grid.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  title = f"{c.model.moe.rule} K={K} E={E} step {rows[0]['step']}: Δ loss vs native k1=K"
+  kw = {"title": title, "n_experts": E, "score": rule.score}
+  report.write_markdown(rows, os.path.join(out, "k_grid.md"), notes=notes, **kw)
+  report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
+  _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
+
+
+WANDB_COLUMNS = (
+  "k1", "k2", "loss", "accuracy", "delta", "delta_lo", "delta_hi", "p_value", "mass_k1",
+  "mass_K", "mass_k2", "coef_sum", "shared_coef", "routed_rms", "gain", "moe_rms", "moe_gain",
+)  # fmt: skip
+
+
+def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
+  """Adds the grid to the training run's wandb (same run id) when wandb is on."""
+  from moejax.tracking import wandb_mode  # pylint: disable=import-outside-toplevel
+
+  id_path = os.path.join(workdir, "wandb_run_id")
+  mode = wandb_mode(c.wandb.mode)
+  if mode == "disabled" or not os.path.exists(id_path):
+    return
+  import wandb  # pylint: disable=import-outside-toplevel
+
+  run = wandb.init(
+    project=c.wandb.project,
+    entity=c.wandb.entity or None,
+    dir=workdir,
+    id=Path(id_path).read_text().strip(),
+    resume="allow",
+    mode=mode,
+  )
+  data = []
+  for r in rows:
+    flat = dict(r, k2=str(r["k2"]), delta_lo=r["delta_ci95"][0], delta_hi=r["delta_ci95"][1])
+    data.append([flat[name] for name in WANDB_COLUMNS])
+  table = wandb.Table(columns=list(WANDB_COLUMNS), data=data)
+  run.log({"eval/k_grid": table, "eval/k_grid_heatmap": wandb.Image(png)})
+  run.finish()
