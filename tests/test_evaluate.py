@@ -107,6 +107,7 @@ def variant(src: str, dst, **moe) -> str:
   path = os.path.join(dst, "config.json")
   saved = json.loads(read(path))
   saved["model"]["moe"].update(moe)
+  saved["resolved"].pop("rule", None)  # the copied run's resolved rule no longer applies
   with open(path, "w") as f:
     json.dump(saved, f, indent=2)
   return dst
