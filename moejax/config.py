@@ -94,7 +94,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = dict(
     k1="", k2="", sequences=256, batch_size=32, bootstrap_resamples=2000, after_train=False
   )
-  c.wandb = dict(mode="auto", project="moejax", entity="", name="", tags="")
+  c.wandb = dict(mode="auto", project="moejax", entity="", name="", tags="", group="")
   c.mesh = dict(data=-1, fsdp=1, expert=1)
   return c
 
