@@ -30,10 +30,15 @@ def format_value(value: object) -> str:
 
 
 def overrides(sweep: Sweep, run: RunSpec) -> dict[str, object]:
-  """The launcher's wandb keys, then the run's own overrides (which win)."""
-  return {"wandb.group": sweep.name, "wandb.tags": tags(run), "wandb.name": run.name} | dict(
-    run.overrides
-  )
+  """The launcher's keys, then the run's own overrides (which win). The grids are separate
+  commands, so training does not also run one (`eval.after_train`)."""
+  launcher = {
+    "wandb.group": sweep.name,
+    "wandb.tags": tags(run),
+    "wandb.name": run.name,
+    "eval.after_train": False,
+  }
+  return launcher | dict(run.overrides)
 
 
 def train_argv(sweep: Sweep, run: RunSpec, workdir: str, python: str = "python") -> list[str]:

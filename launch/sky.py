@@ -102,8 +102,7 @@ def run_script(sweep: Sweep, run: RunSpec, workdir: str, compute: Compute) -> st
   lines = ["set -e"]
   if compute.num_nodes > 1 and not is_tpu(compute):
     lines += [
-      'export JAX_COORDINATOR_ADDRESS="$(echo "$SKYPILOT_NODE_IPS" | head -n1):'
-      f'{COORDINATOR_PORT}"',
+      f'export JAX_COORDINATOR_ADDRESS="$(echo "$SKYPILOT_NODE_IPS" | head -n1):{COORDINATOR_PORT}"',
       'export JAX_NUM_PROCESSES="$SKYPILOT_NUM_NODES"',
       'export JAX_PROCESS_ID="$SKYPILOT_NODE_RANK"',
     ]
@@ -160,8 +159,15 @@ def launch_argv(sky: str, yaml_path: str, name: str, with_key: bool) -> list[str
   return [sky, "jobs", "launch", "-y", "-d", "-n", name, *secret, yaml_path]
 
 
-def write(folder: str, sweep: Sweep, runs: list[RunSpec], root: str, accelerators: str,
-          use_spot: bool, sky: str) -> list[list[str]]:
+def write(
+  folder: str,
+  sweep: Sweep,
+  runs: list[RunSpec],
+  root: str,
+  accelerators: str,
+  use_spot: bool,
+  sky: str,
+) -> list[list[str]]:
   """Writes `<run>.yaml` per run and `commands.sh` (the exact launch lines); returns them."""
   if "://" not in root:
     raise UserError(f"--root {root} is local; the sky backend needs a bucket, e.g. gs://b/runs")
@@ -170,8 +176,12 @@ def write(folder: str, sweep: Sweep, runs: list[RunSpec], root: str, accelerator
   for run in runs:
     path = os.path.join(folder, f"{run.name}.yaml")
     with open(path, "w") as f:
-      yaml.dump(task(sweep, run, root, compute_for(sweep, run, accelerators, use_spot)), f,
-                Dumper=_Dumper, sort_keys=False)
+      yaml.dump(
+        task(sweep, run, root, compute_for(sweep, run, accelerators, use_spot)),
+        f,
+        Dumper=_Dumper,
+        sort_keys=False,
+      )
     argvs.append(launch_argv(sky, path, job_name(sweep, run), with_key))
   with open(os.path.join(folder, "commands.sh"), "w") as f:
     f.write("#!/usr/bin/env bash\nset -e\n" + "".join(shlex.join(a) + "\n" for a in argvs))
@@ -180,7 +190,9 @@ def write(folder: str, sweep: Sweep, runs: list[RunSpec], root: str, accelerator
 
 def validate(sky: str, paths: list[str]) -> list[dict]:
   """Parses every YAML with SkyPilot's own `sky.Task.from_yaml`, in SkyPilot's environment."""
-  out = subprocess.run([sky_python(sky), "-c", VALIDATE, *paths], capture_output=True, text=True)
+  out = subprocess.run(
+    [sky_python(sky), "-c", VALIDATE, *paths], check=False, capture_output=True, text=True
+  )
   if out.returncode != 0:
     last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
     raise UserError(f"SkyPilot rejected a task YAML in {os.path.dirname(paths[0])}: {last}")
@@ -196,6 +208,6 @@ def submit(argvs: list[list[str]]) -> list[str]:
   failed = []
   for argv in argvs:
     print("$ " + shlex.join(argv), flush=True)
-    if subprocess.run(argv, env=env).returncode != 0:
+    if subprocess.run(argv, check=False, env=env).returncode != 0:
       failed.append(argv[argv.index("-n") + 1])
   return failed

@@ -57,8 +57,10 @@ def run_sky(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
   argvs = sky.write(folder, sweep, runs, args.root, args.accelerators, args.use_spot, exe)
   if args.dry_run:
     for task in sky.validate(exe, [a[-1] for a in argvs]):
-      print(f"valid: {task['path']} ({task['name']}, {task['num_nodes']} node(s), "
-            f"{', '.join(task['resources'])})")
+      print(
+        f"valid: {task['path']} ({task['name']}, {task['num_nodes']} node(s), "
+        f"{', '.join(task['resources'])})"
+      )
     print(f"dry run: task YAMLs and {os.path.join(folder, 'commands.sh')}; nothing launched")
     return 0
   failed = sky.submit(argvs)

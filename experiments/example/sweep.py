@@ -16,6 +16,8 @@ TINY = {
   "model.moe.n_experts": 4,
   "model.moe.top_k": 2,
   "model.moe.d_expert": 32,
+  "data.corpus": "synthetic",
+  "data.synthetic_docs": 40,
   "data.batch_size": 4,
   "data.seq_len": 32,
   "train.steps": 4,
