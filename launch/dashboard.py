@@ -79,7 +79,7 @@ def workspace(sweep: spec.Sweep, entity: str, project: str) -> ws.Workspace:
     name=f"sweep {sweep.name}",
     sections=sections,
     runset_settings=ws.RunsetSettings(
-      filters=[expr.Metric("Group") == sweep.name], groupby=[expr.Config(RULE_KEY)]
+      filters=expr.And(expr.Metric("Group") == sweep.name), groupby=[expr.Config(RULE_KEY)]
     ),
   )
 
@@ -89,7 +89,7 @@ def _runset(sweep: spec.Sweep, entity: str, project: str, grouped: bool) -> wr.R
     entity=entity,
     project=project,
     name=f"{sweep.name} by rule" if grouped else f"{sweep.name} runs",
-    filters=[expr.Metric("Group") == sweep.name],
+    filters=expr.And(expr.Metric("Group") == sweep.name),
     groupby=[f"config.{RULE_KEY}"] if grouped else [],
   )
 

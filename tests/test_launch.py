@@ -1,6 +1,7 @@
 """launch/: sweep files, the local backend (parallel, skip, resume, failure), the sky backend
 (YAML validated by SkyPilot's own parser in its own environment; a fake `sky` records jobs)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -74,13 +75,13 @@ def test_product_and_sweep_file_expand_to_unique_named_runs(mini):
   assert [r.name for r in example.runs] == [
     f"{r}-s{i}" for r in ("mixtral", "olmoe") for i in (0, 1)
   ]
-  run = s.runs[0]
+  with pytest.raises(UserError, match="compute preset 'tpu'"):
+    spec.validate(spec.Sweep("x", [s.runs[0]]))
+  run = dataclasses.replace(s.runs[0], compute=None)
   with pytest.raises(UserError, match="appears twice"):
     spec.validate(spec.Sweep("x", [run, run]))
   with pytest.raises(UserError, match="not allowed"):
     spec.validate(spec.Sweep("x", [spec.RunSpec("A b", "c.py", {}, {})]))
-  with pytest.raises(UserError, match="compute preset 'tpu'"):
-    spec.validate(spec.Sweep("x", [run]))
   with pytest.raises(UserError, match="no such run"):
     spec.select(s, "mixtral-0,nope")
   out = _launch("experiments/none/sweep.py", "--backend", "local")
