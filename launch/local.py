@@ -48,7 +48,9 @@ def plan(sweep: Sweep, runs: list[RunSpec], root: str, python: str = sys.executa
       )
       jobs.append(Job(run, workdir, [], state="queued" if uncopied else "skipped"))
       continue
-    todo = [] if status.trained(workdir) else [commands.train_argv(sweep, run, workdir, python)]
+    # moejax.train resumes, and returns at once when already at its target step; the saved
+    # config cannot tell (an interrupted run's may carry a different train.stop_at)
+    todo = [commands.train_argv(sweep, run, workdir, python)]
     for argv, out in zip(commands.eval_argvs(run, workdir, python), commands.grid_files(run)):
       if not os.path.exists(os.path.join(workdir, out)):
         todo.append(argv)

@@ -44,12 +44,6 @@ def target_steps(workdir: str) -> int:
   return int(train.get("stop_at") or train["steps"])
 
 
-def trained(workdir: str) -> bool:
-  """The final checkpoint of config.json's target step exists."""
-  steps = target_steps(workdir)
-  return steps > 0 and latest_checkpoint(workdir) == steps
-
-
 def progress(workdir: str) -> Progress:
   step, eval_loss = 0, None
   path = os.path.join(workdir, "metrics.jsonl")
