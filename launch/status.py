@@ -27,12 +27,6 @@ def is_complete(workdir: str, run: RunSpec, results: str | None) -> bool:
   )
 
 
-def latest_checkpoint(workdir: str) -> int | None:
-  ckpt = os.path.join(workdir, "checkpoints")
-  steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
-  return max(steps, default=None)
-
-
 def target_steps(workdir: str) -> int:
   """`train.stop_at or train.steps` from config.json (0 when there is none yet)."""
   path = os.path.join(workdir, "config.json")
