@@ -165,14 +165,28 @@ def test_local_failed_run_is_listed_with_its_log(ran, mini):
   assert "unknown config key --config.model.nope" in _read(log)
 
 
-def test_stop_terminates_the_whole_process_group():
-  p = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60; wait"], start_new_session=True)
-  time.sleep(0.3)
+def _alive(pid: int) -> bool:
+  """Running (not gone, not a zombie waiting for its new parent to reap it)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def test_stop_terminates_the_whole_process_group(tmp_path):
+  pid_file = tmp_path / "grandchild"
+  p = subprocess.Popen(
+    ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; sleep 60; wait"], start_new_session=True
+  )
+  while not pid_file.exists() or not pid_file.read_text().strip():
+    time.sleep(0.05)
+  grandchild = int(pid_file.read_text())
+  assert _alive(grandchild)
   local.stop([p], wait_s=10)
   assert p.returncode == -signal.SIGTERM
-  time.sleep(0.2)
-  with pytest.raises(ProcessLookupError):  # the grandchild `sleep` is gone too
-    os.killpg(p.pid, 0)
+  time.sleep(0.3)
+  assert not _alive(grandchild)  # the grandchild `sleep` got the SIGTERM too
 
 
 def _sky_available() -> bool:
