@@ -106,7 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
     k1="", k2="", sequences=256, batch_size=32, bootstrap_resamples=2000, after_train=False
   )
   c.eval.gain_sequences = 64  # held-out windows after the evaluated ones: the `gain` fit
-  c.wandb = dict(mode="auto", project="moejax", entity="", name="", tags="")
+  c.wandb = dict(mode="auto", project="moejax", entity="", name="", tags="", group="")
   c.mesh = dict(data=-1, fsdp=1, expert=1)
   return c
 

@@ -77,6 +77,7 @@ class Tracker:
       entity=entity or None,
       name=name or None,
       tags=[t for t in tags.split(",") if t] or None,
+      group=config.get("wandb", {}).get("group") or None,  # a sweep's runs share one group
       config=config,
       dir=workdir,
       id=run_id,

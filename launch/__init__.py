@@ -1,0 +1,1 @@
+"""Sweeps from one file: local subprocesses or SkyPilot managed jobs, and wandb dashboards."""

@@ -1,0 +1,88 @@
+"""`python -m launch.sweep experiments/<name>/sweep.py --backend local|sky [options]`.
+
+Every run goes to `<root>/<sweep>/<run>` and into the wandb group named after the sweep,
+tagged with its factors. `local` runs N at a time here; `sky` submits SkyPilot managed jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from launch import local, sky, spec
+from moejax.errors import UserError
+
+
+def parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__.split("\n")[2])
+  p.add_argument("sweep_file", help="experiments/<name>/sweep.py defining get_sweep()")
+  p.add_argument("--backend", choices=("local", "sky"), required=True)
+  p.add_argument("--parallel", type=int, default=1, help="local: runs at a time")
+  p.add_argument("--only", default="", help="comma-separated run names (default: all)")
+  p.add_argument("--dry-run", action="store_true", help="write/print commands, run nothing")
+  p.add_argument("--root", default="", help="runs root: a folder, or gs://bucket/... for sky")
+  p.add_argument("--accelerators", default="", help="sky: e.g. tpu-v5e-16 or H100:8")
+  p.add_argument("--use-spot", action="store_true", help="sky: spot/preemptible capacity")
+  p.add_argument("--out", default="", help="sky: folder for task YAMLs (runs/launch/<sweep>)")
+  return p
+
+
+def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
+  if args.parallel < 1:
+    raise UserError(f"--parallel {args.parallel} is not allowed; use an int >= 1")
+  jobs = local.plan(sweep, runs, args.root or "runs")
+  if args.dry_run:
+    for job in jobs:
+      print(f"# {job.run.name}: {job.state}")
+      for argv in job.todo:
+        print(shlex.join(argv))
+    return 0
+  failed = local.run(sweep, jobs, args.parallel)
+  if failed:
+    print(f"error: {len(failed)} run(s) failed:", file=sys.stderr)
+    for job in failed:
+      print(f"  {job.run.name}: {job.log}", file=sys.stderr)
+    return 1
+  print(f"all {len(jobs)} run(s) complete under {os.path.join(args.root or 'runs', sweep.name)}")
+  return 0
+
+
+def run_sky(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
+  if not args.root:
+    raise UserError("--root is required for --backend sky, e.g. --root gs://my-bucket/runs")
+  exe = sky.find_sky()
+  folder = args.out or os.path.join("runs", "launch", sweep.name)
+  argvs = sky.write(folder, sweep, runs, args.root, args.accelerators, args.use_spot, exe)
+  if args.dry_run:
+    for task in sky.validate(exe, [a[-1] for a in argvs]):
+      print(
+        f"valid: {task['path']} ({task['name']}, {task['num_nodes']} node(s), "
+        f"{', '.join(task['resources'])})"
+      )
+    print(f"dry run: task YAMLs and {os.path.join(folder, 'commands.sh')}; nothing launched")
+    return 0
+  failed = sky.submit(argvs)
+  if failed:
+    print(f"error: {len(failed)} job(s) failed to submit: {', '.join(failed)}", file=sys.stderr)
+    return 1
+  print(f"submitted {len(argvs)} managed job(s); watch them with: {exe} jobs queue")
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parser().parse_args(argv)
+  try:
+    sweep = spec.load(args.sweep_file)
+    runs = spec.select(sweep, args.only)
+    return (run_local if args.backend == "local" else run_sky)(sweep, runs, args)
+  except UserError as e:
+    print("error: " + " ".join(str(e).split()), file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,249 @@
+"""launch/: sweep files, the local backend (parallel, skip, resume, failure), the sky backend
+(YAML validated by SkyPilot's own parser in its own environment; a fake `sky` records jobs)."""
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from launch import commands, local, sky, spec
+from moejax.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": REPO, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+TINY = {  # d_model 32, 2 layers, E 4, 4 steps, 4 eval sequences
+  "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1,
+  "model.d_ff": 64, "model.moe.n_experts": 4, "model.moe.top_k": 2, "model.moe.d_expert": 32,
+  "data.corpus": "synthetic", "data.synthetic_docs": 40, "data.batch_size": 4,
+  "data.seq_len": 32, "train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
+  "train.ckpt_every": 2, "train.eval_sequences": 4, "train.progress": False,
+  "optim.warmup_steps": 1, "eval.sequences": 4, "eval.batch_size": 4,
+  "eval.bootstrap_resamples": 1000, "eval.k1": "1", "eval.k2": "native",
+}  # fmt: skip
+SWEEP_FILE = """
+from launch.spec import RunSpec, Sweep, product
+TINY = {tiny!r}
+def get_sweep():
+  runs = [RunSpec(name=f"{{f['rule']}}-{{f['seed']}}", config="configs/quickstart.py",
+                  overrides={{**TINY, "model.moe.rule": f["rule"], "train.seed": f["seed"]}},
+                  factors=f, compute="tpu")
+          for f in product(rule=["mixtral", "olmoe"], seed=[0, 1])][:3]
+  runs.append(RunSpec(name="bad", config="configs/quickstart.py",
+                      overrides={{"model.nope": 1}}, factors={{}}, compute="gpu"))
+  return Sweep(name="mini", runs=runs, results={results!r},
+               compute={{"tpu": {{"accelerators": "tpu-v5e-16", "use_spot": True}},
+                         "gpu": {{"accelerators": "H100:8", "num_nodes": 2}}}})
+"""
+NAMES = ["mixtral-0", "mixtral-1", "olmoe-0"]
+
+
+def _read(path) -> str:
+  with open(path) as f:
+    return f.read()
+
+
+def _launch(*args, env=ENV):
+  return subprocess.run(
+    [sys.executable, "-m", "launch.sweep", *args], check=False, cwd=REPO, env=env, capture_output=True,
+    text=True, timeout=900,
+  )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("sweep")
+  path = tmp / "sweep.py"
+  path.write_text(SWEEP_FILE.format(tiny=TINY, results=str(tmp / "results")))
+  return str(path), tmp
+
+
+def test_product_and_sweep_file_expand_to_unique_named_runs(mini):
+  expected = [{"a": a, "b": b} for a in (1, 2) for b in "xyz"]
+  assert spec.product(a=[1, 2], b="xyz") == expected
+  s = spec.load(mini[0])
+  assert [r.name for r in s.runs] == NAMES + ["bad"]
+  assert s.runs[2].overrides["model.moe.rule"] == "olmoe" and s.runs[2].factors["seed"] == 0
+  example = spec.load(os.path.join(REPO, "experiments/example/sweep.py"))
+  assert [r.name for r in example.runs] == [
+    f"{r}-s{i}" for r in ("mixtral", "olmoe") for i in (0, 1)
+  ]
+  with pytest.raises(UserError, match="compute preset 'tpu'"):
+    spec.validate(spec.Sweep("x", [s.runs[0]]))
+  run = dataclasses.replace(s.runs[0], compute=None)
+  with pytest.raises(UserError, match="appears twice"):
+    spec.validate(spec.Sweep("x", [run, run]))
+  with pytest.raises(UserError, match="not allowed"):
+    spec.validate(spec.Sweep("x", [spec.RunSpec("A b", "c.py", {}, {})]))
+  with pytest.raises(UserError, match="no such run"):
+    spec.select(s, "mixtral-0,nope")
+  out = _launch("experiments/none/sweep.py", "--backend", "local")
+  assert (
+    out.returncode == 2 and out.stderr.startswith("error: sweep file") and "Trace" not in out.stderr
+  )
+
+
+def _tables(stdout: str) -> list[list[str]]:
+  """The states of every table the launcher printed (non-terminal output)."""
+  blocks = [b for b in stdout.split("\n\n") if b.startswith("run ")]
+  return [[line.split()[1] for line in b.splitlines()[1:]] for b in blocks]
+
+
+@pytest.fixture(scope="module")
+def ran(mini):
+  path, tmp = mini
+  root = str(tmp / "runs")
+  s = spec.load(path)
+  # An interrupted run: olmoe-0 stopped after its step-2 checkpoint.
+  c = s.runs[2]
+  argv = commands.train_argv(s, c, commands.run_dir(root, s, c), sys.executable)
+  subprocess.run(argv + ["--config.train.stop_at=2"], cwd=REPO, env=ENV, check=True,
+                 capture_output=True, timeout=600)  # fmt: skip
+  first = _launch(path, "--backend", "local", "--parallel", "2", "--only", ",".join(NAMES),
+                  "--root", root)  # fmt: skip
+  return s, root, first
+
+
+def test_local_runs_three_in_parallel_and_resumes_the_interrupted_one(ran):
+  s, root, out = ran
+  assert out.returncode == 0, out.stdout + out.stderr
+  tables = _tables(out.stdout)
+  busy = [sum(st in ("training", "grid") for st in t) for t in tables]
+  assert max(busy) == 2, tables  # two at a time, never three
+  assert tables[-1] == ["done"] * 3
+  for run in s.runs[:3]:
+    d = commands.run_dir(root, s, run)
+    saved = json.loads(_read(os.path.join(d, "config.json")))
+    assert saved["wandb"]["group"] == "mini"
+    assert saved["wandb"]["tags"] == f"rule:{run.factors['rule']},seed:{run.factors['seed']}"
+    assert saved["model"]["moe"]["rule"] == run.factors["rule"]
+    steps = [
+      json.loads(line)["step"] for line in _read(os.path.join(d, "metrics.jsonl")).splitlines()
+    ]
+    assert steps == [2, 4]
+    res = os.path.join(s.results, run.name)
+    for f in (
+      "config.json",
+      "metrics.jsonl",
+      "eval/k_grid.jsonl",
+      "eval/k_grid.md",
+      "eval/k_grid.png",
+    ):
+      assert os.path.exists(os.path.join(res, f)), f
+  log = _read(os.path.join(commands.run_dir(root, s, s.runs[2]), "launch.log"))
+  assert re.search(r"resumed from .*/olmoe-0/checkpoints/2", log)
+  assert "resumed from" not in _read(
+    os.path.join(commands.run_dir(root, s, s.runs[0]), "launch.log")
+  )
+
+
+def test_local_second_call_skips_finished_runs(ran, mini):
+  s, root, _ = ran
+  logs = [os.path.join(commands.run_dir(root, s, r), "launch.log") for r in s.runs[:3]]
+  before = [os.path.getmtime(p) for p in logs]
+  t0 = time.time()
+  out = _launch(
+    mini[0], "--backend", "local", "--parallel", "2", "--only", ",".join(NAMES), "--root", root
+  )
+  assert out.returncode == 0 and _tables(out.stdout)[-1] == ["skipped"] * 3
+  assert [os.path.getmtime(p) for p in logs] == before and time.time() - t0 < 30
+
+
+def test_local_failed_run_is_listed_with_its_log(ran, mini):
+  _, root, _ = ran
+  out = _launch(mini[0], "--backend", "local", "--only", "bad", "--root", root)
+  log = os.path.join(root, "mini", "bad", "launch.log")
+  assert out.returncode == 1
+  assert "1 run(s) failed" in out.stderr and f"bad: {log}" in out.stderr
+  assert "unknown config key --config.model.nope" in _read(log)
+
+
+def _alive(pid: int) -> bool:
+  """Running (not gone, not a zombie waiting for its new parent to reap it)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def test_stop_terminates_the_whole_process_group(tmp_path):
+  pid_file = tmp_path / "grandchild"
+  p = subprocess.Popen(
+    ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; sleep 60; wait"], start_new_session=True
+  )
+  while not pid_file.exists() or not pid_file.read_text().strip():
+    time.sleep(0.05)
+  grandchild = int(pid_file.read_text())
+  assert _alive(grandchild)
+  local.stop([p], wait_s=10)
+  assert p.returncode == -signal.SIGTERM
+  time.sleep(0.3)
+  assert not _alive(grandchild)  # the grandchild `sleep` got the SIGTERM too
+
+
+def _sky_available() -> bool:
+  try:
+    sky.find_sky()
+    return True
+  except UserError:
+    if os.environ.get("MOEJAX_REQUIRE_SKY"):  # CI builds .sky-venv: never skip there
+      raise
+    return False
+
+
+def test_sky_dry_run_yaml_passes_skypilots_parser(mini, tmp_path):
+  if not _sky_available():
+    pytest.skip("no SkyPilot env (.sky-venv); .ci/run builds it")
+  s = spec.load(mini[0])
+  env = {**ENV, "WANDB_API_KEY": "key-value-never-written"}
+  out = _launch(mini[0], "--backend", "sky", "--dry-run", "--root", "gs://bkt/runs",
+                "--out", str(tmp_path), env=env)  # fmt: skip
+  assert out.returncode == 0, out.stderr
+  assert len(re.findall(r"^valid: .*\.yaml", out.stdout, re.MULTILINE)) == 4
+  assert "tpu-v5e-16" in out.stdout and "Spot" in out.stdout
+  for run in s.runs:
+    task = yaml.safe_load(_read(tmp_path / f"{run.name}.yaml"))
+    workdir = f"gs://bkt/runs/mini/{run.name}"
+    assert shlex.join(commands.train_argv(s, run, workdir)) in task["run"].splitlines()
+    assert f"python -m moejax.evaluate --workdir {workdir}" in task["run"]
+  gpu = yaml.safe_load(_read(tmp_path / "bad.yaml"))
+  assert gpu["num_nodes"] == 2 and "JAX_PROCESS_ID" in gpu["run"] and "cuda" in gpu["setup"]
+  tpu = yaml.safe_load(_read(tmp_path / "mixtral-0.yaml"))
+  assert tpu["resources"]["use_spot"] is True and "JAX_PROCESS_ID" not in tpu["run"]
+  lines = _read(tmp_path / "commands.sh")
+  assert lines.count("jobs launch") == 4 and "--secret WANDB_API_KEY" in lines
+  assert not any("key-value-never" in _read(tmp_path / f) for f in os.listdir(tmp_path))
+  bad = tmp_path / "broken.yaml"
+  bad.write_text(_read(tmp_path / "mixtral-0.yaml").replace("use_spot:", "no_such_key:"))
+  with pytest.raises(UserError, match="SkyPilot rejected"):
+    sky.validate(sky.find_sky(), [str(bad)])
+
+
+def test_sky_launch_submits_every_run_to_the_sky_on_path(mini, tmp_path):
+  record = tmp_path / "calls.jsonl"
+  fake = tmp_path / "bin" / "sky"
+  fake.parent.mkdir()
+  fake.write_text(
+    f"#!{sys.executable}\nimport json, os, sys\n"
+    f"open({str(record)!r}, 'a').write(json.dumps([sys.argv[1:], os.environ.get('WANDB_API_KEY')]) + '\\n')\n"
+  )  # fmt: skip
+  fake.chmod(0o755)
+  env = {**ENV, "PATH": f"{fake.parent}:{os.environ['PATH']}", "MOEJAX_SKY": "sky",
+         "WANDB_API_KEY": "k123"}  # fmt: skip
+  out = _launch(mini[0], "--backend", "sky", "--root", "gs://bkt/runs", "--only", "mixtral-0,bad",
+                "--out", str(tmp_path / "yaml"), "--use-spot", env=env)  # fmt: skip
+  assert out.returncode == 0, out.stderr
+  calls = [json.loads(line) for line in _read(record).splitlines()]
+  assert [c[0][:6] for c in calls] == [
+    ["jobs", "launch", "-y", "-d", "-n", name] for name in ("mini-mixtral-0", "mini-bad")
+  ]
+  assert all(c[1] == "k123" and c[0][6:8] == ["--secret", "WANDB_API_KEY"] for c in calls)
+  assert yaml.safe_load(_read(calls[1][0][-1]))["resources"]["use_spot"] is True  # --use-spot
