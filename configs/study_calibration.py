@@ -36,7 +36,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   c.data.update(corpus="stdlib", tokenizer="byte", batch_size=16, seq_len=128)
   c.train.update(steps=600, log_every=25, eval_every=150, ckpt_every=150, keep_checkpoints=4)
   c.optim.update(lr=3e-3, warmup_steps=60)
-  c.eval.update(sequences=256, after_train=False)
+  c.eval.update(sequences=256, after_train=False, k2="native,k1,K,2K,4K,E,sqrt,gain")
   c.wandb.update(project="moejax", tags="calibration")
   if preset == "tpu":
     c.model.update(d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, d_ff=4096)

@@ -1,6 +1,8 @@
 """One JSON row per grid cell (DESIGN.md §7 plus the issue-7 mass and RMS columns).
 
-Row keys: `k1`, `k2`, `loss`, `accuracy`, `delta`, `delta_ci95`, `p_value`, `n_sequences`;
+Row keys: `k1`, `k2`, `loss`, `accuracy`, `delta`, `delta_ci95`, `p_value`, `n_sequences`,
+`loss_per_sequence` (mean loss of each evaluated sequence, in order, rounded to 1e-6: any
+two cells, or runs of other seeds on the same held-out split, compare paired per sequence);
 per MoE layer and averaged over layers (`X` and `X_per_layer`):
   `mass_k1`      Σ of the top-k1 scores (selection order)
   `mass_K`       Σ of the top-K scores, K the trained top-k
@@ -67,6 +69,7 @@ def row(
     "delta_ci95": [float(v) for v in summary["delta_ci95"]],
     "p_value": float(summary["p_value"]),
     "n_sequences": int(res.loss_N.shape[0]),
+    "loss_per_sequence": [round(float(v), 6) for v in res.loss_N],
   }
   for name, stat in _LAYER_COLUMNS.items():
     v_M = res.layers[stat]
