@@ -529,6 +529,7 @@ def test_row_detects_known_shift():
   assert row["routed_rms_per_layer"] == {"layer0": 0.5, "layer1": 1.0}  # √ of the mean squares
   assert row["moe_gain"] == pytest.approx(0.5) and row["mass_k1"] == pytest.approx(0.35)
   assert row["n_sequences"] == n
+  np.testing.assert_allclose(row["loss_per_sequence"], loss_N, atol=1e-6)  # in sequence order
   json.dumps(row)  # rows go to k_grid.jsonl
 
 
