@@ -6,6 +6,7 @@ logits must equal transformers' within 1e-4 in float32, at the native k and at a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,6 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
+
+import jax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from moejax import config as config_lib  # noqa: E402
 from moejax.errors import UserError  # noqa: E402
@@ -86,6 +90,17 @@ def hf_logits(model, tokens: np.ndarray, k: int) -> np.ndarray:
   return out
 
 
+def jitted(model):
+  """model(tokens, k=, k2=) logits, compiled once per (k, k2)."""
+  graphdef, state = nnx.split(model)
+
+  @functools.partial(jax.jit, static_argnames=("k", "k2"))
+  def run(state, tokens, k=None, k2=None):
+    return nnx.merge(graphdef, state)(tokens, k=k, k2=k2)[0]
+
+  return lambda tokens, k=None, k2=None: np.asarray(run(state, tokens, k=k, k2=k2))
+
+
 @pytest.fixture(scope="module")
 def tokens():
   return np.random.default_rng(0).integers(0, V, size=(2, 12)).astype(np.int32)
@@ -111,7 +126,7 @@ def imported(tmp_path_factory):
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
     c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
     mc = config_lib.model_config(c, V)
-    out[fam] = (model, run, runstate.load_model(str(run), c, mc), src)
+    out[fam] = (model, run, jitted(runstate.load_model(str(run), c, mc)), src)
   return out
 
 
@@ -120,13 +135,13 @@ def test_import_matches_transformers(imported, tokens, fam):
   """Native K, and k1 = K/2 with the family's own normalization (k2 = k1 when it renormalizes)."""
   hf, _, mj, _ = imported[fam]
   ref = hf_logits(hf, tokens, K)
-  got, _ = mj(tokens)
+  got = mj(tokens)
   assert np.abs(ref).max() > 1.0  # the logits are far from uniform: the check can fail
-  np.testing.assert_allclose(np.asarray(got), ref, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
   ref1 = hf_logits(hf, tokens, K1)
   assert np.abs(ref1 - ref).max() > 1e-2  # k1 changes the output
-  got1, _ = mj(tokens, k=K1, k2=K1 if RENORM[fam] else None)
-  np.testing.assert_allclose(np.asarray(got1), ref1, atol=1e-4, rtol=0)
+  got1 = mj(tokens, k=K1, k2=K1 if RENORM[fam] else None)
+  np.testing.assert_allclose(got1, ref1, atol=1e-4, rtol=0)
 
 
 def test_import_records_the_architecture(imported):
@@ -171,11 +186,11 @@ def test_export_native_run(tmp_path, tokens):
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
   export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
   back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
-  got, _ = runstate.load_model(str(run), c, mc)(tokens)
-  np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), np.asarray(got), atol=1e-4)
-  c.model.moe.rule = "deepseek_v3"
+  got = jitted(runstate.load_model(str(run), c, mc))(tokens)
+  np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), got, atol=1e-4)
+  c.model.moe.rule = "olmo"  # α = K: no family scales its routed weights
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
-  with pytest.raises(UserError, match="model.moe.score"):
+  with pytest.raises(UserError, match="model.moe.scale"):
     export_run(str(run), str(tmp_path / "out2"))
 
 
@@ -194,7 +209,7 @@ def test_import_errors_name_the_tensor_or_key(imported, tmp_path):
     import_checkpoint(str(bad), str(tmp_path / "r1"), {"progress": False})
   save_file(tensors, bad / "model.safetensors")
   (bad / "config.json").write_text(json.dumps({**hf, "intermediate_size": 20}))
-  with pytest.raises(UserError, match="model.layers.0.mlp.experts.0.gate_proj.weight.*shape"):
+  with pytest.raises(UserError, match=r"tensor model.layers.0.mlp.experts.0.\w+.weight .* has shape"):
     import_checkpoint(str(bad), str(tmp_path / "r2"), {"progress": False})
   (bad / "config.json").write_text(json.dumps({**hf, "architectures": ["LlamaForCausalLM"],
                                                 "model_type": "llama"}))  # fmt: skip
@@ -216,9 +231,8 @@ def test_grid_on_imported_model(imported):
   from moejax.grid import run_grid
 
   hf, run, _, _ = imported["olmoe"]
-  rows = run_grid(str(run), k1="4,2", k2="native,k1,E", resamples=1000, log=lambda *_: None)
-  cells = {(r["k1"], r["k2"]) for r in rows}
-  assert cells == {(4, "native"), (4, 8), (2, "native"), (2, 8)} | {(4, 4), (2, 2)} - {(4, 4)}
+  rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
+  assert [(r["k1"], r["k2"]) for r in rows] == [(4, "native"), (2, "native")]
   c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
   data = make_data(c.data, seed=0, workdir=None)
   w = torch.as_tensor(np.concatenate(data.eval_batches(8, 4)), dtype=torch.long)
