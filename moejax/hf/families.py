@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from moejax import routing
 from moejax.errors import UserError
 
 
@@ -79,14 +80,17 @@ def detect(hf: dict, where: str) -> Family:
   raise UserError(f"{where}: architecture {found} is not supported; use one of {allowed}")
 
 
-def rule_name(shared: bool, renorm: bool) -> str:
-  """The moejax rule with softmax scores, α = 1 and this normalization / shared gate."""
-  return {
+def rule_name(fam: Family, shared: bool, renorm: bool) -> str:
+  """The moejax rule with softmax scores, α = 1 and this normalization / shared gate: the
+  family's own name when its rule is that one (Mixtral, OLMoE, ...), else the generic one."""
+  generic = {
     (False, False): "olmoe",
     (False, True): "qwen3_moe",
     (True, False): "qwen2_moe",
     (True, True): "qwen3_5_moe",
   }[(shared, renorm)]
+  own = routing.RULES.get(fam.name)
+  return fam.name if own == routing.RULES[generic] else generic
 
 
 def _get(hf: dict, key: str, where: str) -> Any:

@@ -37,7 +37,7 @@ def to_moejax(hf: dict, fam: fl.Family, where: str) -> dict[str, Any]:
   all_moe = (first_dense, moe_every) == (0, 1)
   renorm = fam.always_renorm or bool(hf.get("norm_topk_prob", False))
   moe = dict(
-    rule=fl.rule_name(fam.shared, renorm),
+    rule=fl.rule_name(fam, fam.shared, renorm),
     n_experts=get(fam.n_experts_key),
     top_k=get("num_experts_per_tok"),
     d_expert=get(fam.d_expert_key),
