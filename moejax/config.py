@@ -38,6 +38,8 @@ def base_config() -> ml_collections.ConfigDict:
     head_dim=0,
     d_ff=512,
     qk_norm=False,
+    qk_norm_scope="head",  # "head": per head (Qwen3); "proj": whole projection (OLMoE)
+    qkv_bias=False,  # q/k/v projection biases (Qwen2)
     tie_embeddings=True,
     rope_theta=10000.0,
     norm_eps=1e-6,

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 DTYPES = ("float32", "bfloat16")
+# QK-norm per head over head_dim (Qwen3), or over the whole projection (OLMoE).
+QK_NORM_SCOPES = ("head", "proj")
 
 
 def init_normal(std: float) -> nnx.Initializer:
@@ -67,7 +69,12 @@ def causal_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.
 
 
 class Attention(nnx.Module):
-  """Grouped-query causal self-attention with RoPE and optional QK-norm (OLMo/Qwen3)."""
+  """Grouped-query causal self-attention with RoPE, optional QK-norm and q/k/v biases.
+
+  QK-norm is an RMSNorm on q and k before RoPE: per head over head_dim (`qk_norm_scope=
+  "head"`, Qwen3) or over the whole projection, all heads at once (`"proj"`, OLMoE).
+  `qkv_bias` adds biases to the q/k/v projections (Qwen2); o_proj never has one.
+  """
 
   def __init__(
     self,
@@ -77,6 +84,8 @@ class Attention(nnx.Module):
     head_dim: int,
     *,
     qk_norm: bool = False,
+    qk_norm_scope: str = "head",
+    qkv_bias: bool = False,
     rope_theta: float = 10000.0,
     dtype: str = "float32",
     init_std: float = 0.02,
@@ -88,33 +97,41 @@ class Attention(nnx.Module):
     self.rope_theta = rope_theta
     cdt = jnp.dtype(dtype)
 
-    def proj(n_in: int, n_out: int, std: float) -> nnx.Linear:
+    def proj(n_in: int, n_out: int, std: float, bias: bool = False) -> nnx.Linear:
       return nnx.Linear(
         n_in,
         n_out,
-        use_bias=False,
+        use_bias=bias,
         dtype=cdt,
         param_dtype=jnp.float32,
         kernel_init=init_normal(std),
         rngs=rngs,
       )
 
-    self.q_proj = proj(d_model, n_heads * head_dim, init_std)
-    self.k_proj = proj(d_model, n_kv_heads * head_dim, init_std)
-    self.v_proj = proj(d_model, n_kv_heads * head_dim, init_std)
+    self.q_proj = proj(d_model, n_heads * head_dim, init_std, qkv_bias)
+    self.k_proj = proj(d_model, n_kv_heads * head_dim, init_std, qkv_bias)
+    self.v_proj = proj(d_model, n_kv_heads * head_dim, init_std, qkv_bias)
     self.o_proj = proj(n_heads * head_dim, d_model, init_std if out_std is None else out_std)
+    self.qk_norm_scope = qk_norm_scope
     if qk_norm:
-      self.q_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
-      self.k_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
+      per_head = qk_norm_scope == "head"
+      q_dim, k_dim = (
+        (head_dim, head_dim) if per_head else (n_heads * head_dim, n_kv_heads * head_dim)
+      )
+      self.q_norm = RMSNorm(q_dim, eps=norm_eps, rngs=rngs)
+      self.k_norm = RMSNorm(k_dim, eps=norm_eps, rngs=rngs)
     else:
       self.q_norm = self.k_norm = None
 
   def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array) -> jax.Array:
     B, L, _ = x_BxLxD.shape
-    q_BxLxHxK = self.q_proj(x_BxLxD).reshape(B, L, self.n_heads, self.head_dim)
-    k_BxLxGxK = self.k_proj(x_BxLxD).reshape(B, L, self.n_kv_heads, self.head_dim)
+    q_BxLxHK, k_BxLxGK = self.q_proj(x_BxLxD), self.k_proj(x_BxLxD)
+    if self.q_norm is not None and self.qk_norm_scope == "proj":
+      q_BxLxHK, k_BxLxGK = self.q_norm(q_BxLxHK), self.k_norm(k_BxLxGK)
+    q_BxLxHxK = q_BxLxHK.reshape(B, L, self.n_heads, self.head_dim)
+    k_BxLxGxK = k_BxLxGK.reshape(B, L, self.n_kv_heads, self.head_dim)
     v_BxLxGxK = self.v_proj(x_BxLxD).reshape(B, L, self.n_kv_heads, self.head_dim)
-    if self.q_norm is not None:
+    if self.q_norm is not None and self.qk_norm_scope == "head":
       q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
     q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, self.rope_theta)
     k_BxLxGxK = rope(k_BxLxGxK, positions_BxL, self.rope_theta)

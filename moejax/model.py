@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.errors import UserError
-from moejax.layers import DTYPES, Attention, DenseFFN, RMSNorm, init_normal
+from moejax.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
 from moejax.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 
 
@@ -30,6 +30,8 @@ class ModelConfig:
   head_dim: int = 0
   d_ff: int = 0
   qk_norm: bool = False
+  qk_norm_scope: str = "head"
+  qkv_bias: bool = False
   tie_embeddings: bool = True
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
@@ -60,6 +62,11 @@ class ModelConfig:
       )
     if self.dtype not in DTYPES:
       raise UserError(f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+    if self.qk_norm_scope not in QK_NORM_SCOPES:
+      raise UserError(
+        f"model.qk_norm_scope={self.qk_norm_scope!r} is not allowed; "
+        f"use one of {', '.join(QK_NORM_SCOPES)}"
+      )
     if self.moe_every < 0:
       raise UserError(f"model.moe_every={self.moe_every} is not allowed; use an int >= 0")
     if not 0 <= self.first_dense <= self.n_layers:
@@ -106,6 +113,8 @@ class Block(nnx.Module):
       cfg.n_kv_heads,
       cfg.resolved_head_dim,
       qk_norm=cfg.qk_norm,
+      qk_norm_scope=cfg.qk_norm_scope,
+      qkv_bias=cfg.qkv_bias,
       rope_theta=cfg.rope_theta,
       dtype=cfg.dtype,
       init_std=cfg.init_std,

@@ -1,8 +1,10 @@
-"""Tokenizers: `byte` (256 bytes + EOS) and a locally trained ByteLevel BPE, cached."""
+"""Tokenizers: `byte` (256 bytes + EOS), a locally trained ByteLevel BPE (cached), and
+`hf:PATH`, a pretrained model's own `tokenizer.json` (for imported checkpoints)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any, Protocol, Sequence
 
@@ -10,7 +12,7 @@ import numpy as np
 
 from moejax.errors import UserError
 
-TOKENIZERS = ("byte", "bpe")
+TOKENIZERS = ("byte", "bpe", "hf:PATH")
 EOS_TOKEN = "<|eos|>"
 _BPE_CACHE_VERSION = "bpe-v1"
 
@@ -131,6 +133,76 @@ class BPETokenizer:
     return {**d, "path": self.path}
 
 
+class HFTokenizer:
+  """A pretrained `tokenizer.json` (HuggingFace `tokenizers`), as used by an imported model.
+
+  Text is encoded without special tokens (no BOS); documents are separated by the model's
+  EOS, read from `tokenizer_config.json` (`eos_token`) or `config.json` (`eos_token_id`)
+  next to the tokenizer file."""
+
+  name = "hf"
+
+  def __init__(self, path: str):
+    from tokenizers import Tokenizer as HFTok  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(path):
+      raise UserError(f"data.tokenizer=hf:{path}: no such tokenizer.json")
+    try:
+      self._tok = HFTok.from_file(path)
+    except Exception as e:  # noqa: BLE001  (tokenizers raises a bare Exception on bad JSON)
+      why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+      raise UserError(f"{path}: not a valid tokenizer.json ({why})") from None
+    self.path = path
+    self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+    self.eos_id = hf_eos_id(self._tok, os.path.dirname(path))
+
+  def encode(self, text: str) -> np.ndarray:
+    """Token ids of `text` as int32, no special tokens added."""
+    return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """`encode` for each text, parallel inside `tokenizers`."""
+    out = self._tok.encode_batch(list(texts), add_special_tokens=False)
+    return [np.asarray(e.ids, dtype=np.int32) for e in out]
+
+  def decode(self, ids: Any) -> str:
+    """Ids back to text; special tokens are skipped."""
+    return self._tok.decode([int(i) for i in np.asarray(ids).reshape(-1)], skip_special_tokens=True)
+
+  def describe(self) -> dict:
+    """JSON-able summary recorded in the run config (with the file's sha256)."""
+    with open(self.path, "rb") as f:
+      sha = hashlib.sha256(f.read()).hexdigest()
+    d = {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+    return {**d, "path": self.path, "sha256": sha}
+
+
+def _read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def hf_eos_id(tok: Any, directory: str) -> int:
+  """The EOS id from `tokenizer_config.json` (`eos_token`) or `config.json` (`eos_token_id`)."""
+  tc = os.path.join(directory, "tokenizer_config.json")
+  if os.path.isfile(tc):
+    eos = _read_json(tc).get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if isinstance(eos, str) and tok.token_to_id(eos) is not None:
+      return int(tok.token_to_id(eos))
+  mc = os.path.join(directory, "config.json")
+  if os.path.isfile(mc):
+    eos = _read_json(mc).get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    if isinstance(eos, int):
+      return eos
+  raise UserError(
+    f"{directory}: no EOS token found (tokenizer_config.json eos_token or config.json "
+    "eos_token_id); the grid needs it to separate documents"
+  )
+
+
 def bpe_cache_key(corpus_sha: str, vocab_size: int, split: str = "") -> str:
   """Hash naming the cached BPE: covers the corpus, the held-out split and the vocab size."""
   text = f"{_BPE_CACHE_VERSION}|{corpus_sha}|{split}|{vocab_size}"
@@ -145,6 +217,8 @@ def build_tokenizer(
   kind = data_cfg.get("tokenizer", "byte")
   if kind == "byte":
     return ByteTokenizer()
+  if isinstance(kind, str) and kind.startswith("hf:"):
+    return HFTokenizer(kind[3:])
   if kind != "bpe":
     raise UserError(f"data.tokenizer={kind!r}: allowed values are {', '.join(TOKENIZERS)}")
   vocab_size = data_cfg.get("bpe_vocab_size", 1024)

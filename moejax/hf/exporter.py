@@ -1,0 +1,109 @@
+"""`export`: a moejax run directory → a transformers checkpoint directory.
+
+Writes config.json, safetensors shards in the per-expert layout every transformers version
+(and vLLM) reads, `model.safetensors.index.json`, and the run's tokenizer when it has a
+`tokenizer.json` (imported `hf:` tokenizers and locally trained BPEs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+from safetensors.numpy import save_file
+from tqdm import tqdm
+
+from moejax import config as config_lib
+from moejax.errors import UserError
+from moejax.hf import families as fl
+from moejax.hf import hfconfig, runstate, tensors
+
+SHARD_BYTES = 4 * 2**30
+
+
+def load_run(workdir: str):
+  """(config, saved config.json) of a run; a UserError when it is not one."""
+  saved = config_lib.read_saved(workdir)
+  if saved is None:
+    raise UserError(f"{workdir}/config.json not found; --workdir must be a moejax run")
+  return config_lib.from_saved(saved), saved
+
+
+def zero_biases(c, fam: fl.Family, mc) -> dict[str, np.ndarray]:
+  """Biases the family's config turns on but the run never had (exact zeros)."""
+  out: dict[str, np.ndarray] = {}
+  hd, H, G = mc.resolved_head_dim, mc.n_heads, mc.n_kv_heads
+  for i in range(mc.n_layers):
+    p = f"model.layers.{i}.self_attn."
+    if fam.shared and not mc.qkv_bias:  # Qwen2-MoE: q/k/v biases (qkv_bias=true everywhere)
+      out.update({f"{p}q_proj.bias": np.zeros(H * hd, np.float32)})
+      out.update({f"{p}{n}_proj.bias": np.zeros(G * hd, np.float32) for n in "kv"})
+    if not fam.shared and mc.qkv_bias:  # attention_bias=true also biases o_proj
+      out[f"{p}o_proj.bias"] = np.zeros(mc.d_model, np.float32)
+  return out
+
+
+def write_shards(out: str, named) -> dict[str, str]:
+  """Writes (name, array) pairs into ≤ SHARD_BYTES safetensors files; returns the weight map."""
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name, arr in named:
+    if size and size + arr.nbytes > SHARD_BYTES:
+      shards.append({})
+      size = 0
+    shards[-1][name] = arr
+    size += arr.nbytes
+  weight_map = {}
+  for j, shard in enumerate(tqdm(shards, desc="export shards", unit="shard")):
+    fname = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
+    if len(shards) == 1:
+      fname = "model.safetensors"
+    save_file(shard, os.path.join(out, fname), metadata={"format": "pt"})
+    weight_map.update(dict.fromkeys(shard, fname))
+  return weight_map
+
+
+def copy_tokenizer(c, saved: dict, out: str) -> None:
+  """The run's tokenizer.json (+ tokenizer_config.json), when it has one: an `hf:` tokenizer,
+  or the BPE a training run recorded in config.json."""
+  kind = c.data.tokenizer
+  if kind.startswith("hf:"):
+    src = kind[3:] if os.path.isdir(kind[3:]) else os.path.dirname(kind[3:])
+    paths = [os.path.join(src, n) for n in ("tokenizer.json", "tokenizer_config.json")]
+  else:
+    tok = saved.get("resolved", {}).get("data", {}).get("tokenizer", {})
+    paths = [tok["path"]] if tok.get("path") else []
+  for path, name in zip(paths, ("tokenizer.json", "tokenizer_config.json")):
+    if os.path.isfile(path):
+      shutil.copy(path, os.path.join(out, name))
+
+
+def export_run(workdir: str, out: str, step: int | None = None, log=print) -> dict:
+  """Writes `out`; returns the HF config. A run no family expresses is a UserError."""
+  c, saved = load_run(workdir)
+  fam = hfconfig.choose_family(c)
+  resolved = saved.get("resolved", {})
+  vocab = c.model.vocab_size or resolved.get("vocab_size")
+  if not vocab:
+    raise UserError(f"{workdir}/config.json has no resolved.vocab_size; cannot size the model")
+  mc = config_lib.model_config(c, vocab)
+  eos = resolved.get("data", {}).get("tokenizer", {}).get("eos_id")
+  hf = hfconfig.to_hf(c, fam, vocab, eos)
+  _, state = runstate.abstract(c, mc)
+  params = runstate.restore_params(workdir, state, step)
+  os.makedirs(out, exist_ok=True)
+  named = [(s.hf, s.to_hf(params)) for s in tensors.specs(mc, fam)]
+  named += list(zero_biases(c, fam, mc).items())
+  weight_map = write_shards(out, named)
+  total = int(sum(a.nbytes for _, a in named))
+  if len(set(weight_map.values())) > 1:
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+      json.dump(index, f, indent=2)
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+  copy_tokenizer(c, saved, out)
+  log(f"exported {workdir} as {fam.architecture} to {out} ({total / 2**20:.1f} MiB float32)")
+  return hf

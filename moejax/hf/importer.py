@@ -1,0 +1,180 @@
+"""`import`: a transformers checkpoint directory → a moejax run directory, shard by shard.
+
+Memory: the float32 parameter arrays are allocated once (empty) and filled while the
+safetensors shards stream past, one tensor at a time; nothing else holds the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+
+import numpy as np
+from safetensors import safe_open
+from tqdm import tqdm
+
+from moejax import config as config_lib
+from moejax.errors import UserError
+from moejax.hf import families as fl
+from moejax.hf import hfconfig, runstate, tensors
+from moejax.tokenizer import HFTokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
+
+
+def read_json(path: str) -> dict:
+  """A JSON file, or a one-line UserError naming it."""
+  if not os.path.isfile(path):
+    raise UserError(f"{path}: not found; PATH must be a transformers checkpoint directory")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserError(f"{path}: unreadable ({e})") from None
+
+
+def shard_files(src: str) -> list[str]:
+  """The safetensors shards of a checkpoint (from the index when there is one)."""
+  index = os.path.join(src, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    names = sorted(set(read_json(index)["weight_map"].values()))
+  else:
+    names = sorted(n for n in os.listdir(src) if n.endswith(".safetensors"))
+  if not names:
+    raise UserError(f"{src}: no *.safetensors files (only safetensors checkpoints are read)")
+  return [os.path.join(src, n) for n in names]
+
+
+def tensor_index(files: list[str]) -> dict[str, str]:
+  """Tensor name → shard file, from the shard headers only."""
+  where: dict[str, str] = {}
+  for path in files:
+    with safe_open(path, framework="np") as f:
+      where.update(dict.fromkeys(f.keys(), path))
+  return where
+
+
+def build_config(hf: dict, fam: fl.Family, src: str, opts: dict):
+  """The run config: the HF architecture, the user's held-out text, the model's tokenizer."""
+  c = config_lib.base_config()
+  model = hfconfig.to_moejax(hf, fam, os.path.join(src, "config.json"))
+  c.model.moe.update(model.pop("moe"))
+  c.model.update(model)
+  c.data.update(
+    corpus="files" if opts.get("text") else "stdlib",
+    paths=opts.get("text", ""),
+    text_docs=opts.get("text_docs", "file"),
+    seq_len=opts.get("seq_len", 512),
+    holdout_fraction=opts.get("holdout_fraction", 0.02),
+    batch_size=1,
+  )
+  c.eval.update(sequences=opts.get("sequences", 256), batch_size=opts.get("batch_size", 8))
+  c.train.update(steps=1, eval_every=1, ckpt_every=1, log_every=1)
+  c.wandb.mode = opts.get("wandb_mode", "disabled")
+  window = hf.get("sliding_window") if fam.name == "mixtral" else None
+  if window and c.data.seq_len > window:
+    raise UserError(f"--seq_len={c.data.seq_len} exceeds sliding_window={window}; lower it")
+  return c
+
+
+def copy_tokenizer(src: str, hf: dict, workdir: str) -> str:
+  """Copies tokenizer.json (+ tokenizer_config.json, EOS id) into DIR/tokenizer/."""
+  if not os.path.isfile(os.path.join(src, "tokenizer.json")):
+    raise UserError(f"{src}/tokenizer.json not found; the grid needs the model's own tokenizer")
+  out = os.path.join(workdir, "tokenizer")
+  os.makedirs(out, exist_ok=True)
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(src, name)):
+      shutil.copy(os.path.join(src, name), os.path.join(out, name))
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump({"eos_token_id": hf.get("eos_token_id")}, f)
+  return os.path.abspath(out)
+
+
+def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool) -> dict[str, list[tensors.Spec]]:
+  """HF tensor name → the specs it fills; a missing or unexpected tensor is a UserError."""
+  fused = tensors.fused_layers(set(where), fam, mc.n_layers)
+  by_name: dict[str, list[tensors.Spec]] = {}
+  for spec in tensors.specs(mc, fam, fused):
+    by_name.setdefault(spec.hf, []).append(spec)
+  for name in by_name:
+    if name not in where:
+      raise UserError(f"missing tensor {name} (expected for {fam.architecture})")
+  for name, path in where.items():
+    if (
+      name not in by_name and not name.endswith(IGNORED) and not (tied and name == "lm_head.weight")
+    ):
+      raise UserError(f"unexpected tensor {name} in {path}: no counterpart in moejax's model")
+  return by_name
+
+
+class _Shard:
+  """One open shard: numpy reads, and jax reads for bfloat16 (numpy has no bfloat16)."""
+
+  def __init__(self, path: str, stack: contextlib.ExitStack):
+    self.path, self._stack, self._jax = path, stack, None
+    self.np = stack.enter_context(safe_open(path, framework="np"))
+
+  def read(self, name: str) -> np.ndarray:
+    if self.np.get_slice(name).get_dtype() != "BF16":
+      return self.np.get_tensor(name).astype(np.float32, copy=False)
+    if self._jax is None:
+      self._jax = self._stack.enter_context(safe_open(self.path, framework="flax"))
+    return np.asarray(self._jax.get_tensor(name).astype(np.float32))
+
+
+def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> None:
+  """Fills `arrays` from every shard, one tensor at a time, checking shapes."""
+  for path in tqdm(files, desc="import shards", unit="shard", disable=not progress):
+    with contextlib.ExitStack() as stack:
+      shard = _Shard(path, stack)
+      for name in shard.np.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
+        for spec in by_name.get(name, ()):
+          dest = arrays[spec.path] if spec.index is None else arrays[spec.path][spec.index]
+          value = spec.to_moejax(shard.read(name))
+          if value.shape != dest.shape:
+            hf_shape = list(shard.np.get_slice(name).get_shape())
+            raise UserError(
+              f"tensor {name} in {path} has shape {hf_shape}, which does not fit "
+              f"moejax's {'.'.join(map(str, spec.path))} {list(dest.shape)}"
+            )
+          dest[...] = value
+
+
+def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=print) -> dict:
+  """Converts `src` into the run directory `workdir`; returns the written config.json."""
+  opts = opts or {}
+  hf = read_json(os.path.join(src, "config.json"))
+  fam = fl.detect(hf, os.path.join(src, "config.json"))
+  c = build_config(hf, fam, src, opts)
+  files = shard_files(src)
+  os.makedirs(workdir, exist_ok=True)
+  c.data.tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
+  config_lib.validate(c)
+  mc = config_lib.model_config(c, c.model.vocab_size)
+  tok = HFTokenizer(c.data.tokenizer[3:])
+  if tok.vocab_size > mc.vocab_size:
+    raise UserError(f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {mc.vocab_size}")
+  by_name = plan(mc, fam, tensor_index(files), mc.tie_embeddings)
+  _, state = runstate.abstract(c, mc)
+  arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
+  stream(files, by_name, arrays, progress=opts.get("progress", True))
+  runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})
+  n_params = int(sum(a.size for a in arrays.values()))
+  out = c.to_dict()
+  out["resolved"] = {
+    "vocab_size": mc.vocab_size,
+    "n_params": n_params,
+    "hf_import": {"source": os.path.abspath(src), "family": fam.name, "config": hf},
+  }
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(out, f, indent=2)
+  log(
+    f"imported {fam.architecture} ({n_params:,} params, rule {c.model.moe.rule}, "
+    f"K={mc.moe.top_k} of E={mc.moe.n_experts}) into {workdir}; grid it with "
+    f"python -m moejax.evaluate --workdir {workdir}"
+  )
+  return out

@@ -1,0 +1,98 @@
+"""The tensor-name map between an HF MoE state dict and moejax's parameter tree.
+
+HF `nn.Linear` weights are [out, in]; moejax kernels are [in, out], so most tensors are
+transposed. Routed experts are one HF tensor per expert (`experts.{e}.gate_proj.weight`)
+and one stacked moejax array (`experts.w_gate [E, d_model, d_expert]`); transformers 5's
+fused in-memory layout (`experts.gate_up_proj [E, 2F, D]`, `experts.down_proj [E, D, F]`)
+is read too.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from moejax.hf.families import Family
+from moejax.model import ModelConfig, is_moe_layer
+
+Path = tuple  # a moejax parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel")
+
+
+class Spec(NamedTuple):
+  """One HF tensor (or a row block of one) ↔ one moejax array or one expert's slice."""
+
+  hf: str
+  path: Path
+  index: int | None = None  # expert index into a stacked [E, ...] array
+  transpose: bool = False  # swap the last two axes
+  rows: tuple[int, int] | None = None  # HF rows [a, b) along axis -2 (fused gate_up)
+
+  def to_moejax(self, hf_array: np.ndarray) -> np.ndarray:
+    """The HF tensor as the moejax array (or expert slice) it fills."""
+    a = hf_array if self.rows is None else hf_array[..., self.rows[0] : self.rows[1], :]
+    return np.swapaxes(a, -1, -2) if self.transpose else a
+
+  def to_hf(self, params: dict[Path, np.ndarray]) -> np.ndarray:
+    """The HF tensor from moejax's arrays (legacy per-expert layout only)."""
+    a = params[self.path] if self.index is None else params[self.path][self.index]
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2) if self.transpose else a)
+
+
+def _attention(mc: ModelConfig, i: int) -> list[Spec]:
+  p, q = f"model.layers.{i}.self_attn.", ("layers", i, "attn")
+  out = [Spec(f"{p}{n}_proj.weight", (*q, f"{n}_proj", "kernel"), None, True) for n in "qkvo"]
+  if mc.qkv_bias:
+    out += [Spec(f"{p}{n}_proj.bias", (*q, f"{n}_proj", "bias")) for n in "qkv"]
+  if mc.qk_norm:
+    out += [Spec(f"{p}{n}_norm.weight", (*q, f"{n}_norm", "scale")) for n in "qk"]
+  return out
+
+
+def _ffn(prefix: str, path: Path, names: tuple[str, str, str], index: int | None = None):
+  w = ("w_gate", "w_up", "w_down")
+  return [Spec(f"{prefix}{n}.weight", (*path, m), index, True) for n, m in zip(names, w)]
+
+
+def _moe(mc: ModelConfig, fam: Family, i: int, fused: bool) -> list[Spec]:
+  p, q = f"model.layers.{i}.{fam.moe_prefix}.", ("layers", i, "mlp")
+  out = [Spec(f"{p}gate.weight", (*q, "router", "kernel"), None, True)]
+  E, F = mc.moe.n_experts, mc.moe.d_expert
+  if fused:
+    out += [
+      Spec(f"{p}experts.gate_up_proj", (*q, "experts", "w_gate"), None, True, (0, F)),
+      Spec(f"{p}experts.gate_up_proj", (*q, "experts", "w_up"), None, True, (F, 2 * F)),
+      Spec(f"{p}experts.down_proj", (*q, "experts", "w_down"), None, True),
+    ]
+  else:
+    for e in range(E):
+      out += _ffn(f"{p}experts.{e}.", (*q, "experts"), fam.expert_names, e)
+  if fam.shared:
+    out += _ffn(f"{p}shared_expert.", (*q, "shared"), ("gate_proj", "up_proj", "down_proj"))
+    out.append(Spec(f"{p}shared_expert_gate.weight", (*q, "shared_gate", "kernel"), None, True))
+  return out
+
+
+def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset()) -> list[Spec]:
+  """Every tensor of the HF checkpoint, in HF order, mapped onto moejax's parameters."""
+  out = [Spec("model.embed_tokens.weight", ("embed", "embedding"))]
+  for i in range(mc.n_layers):
+    p = f"model.layers.{i}."
+    out.append(Spec(f"{p}input_layernorm.weight", ("layers", i, "attn_norm", "scale")))
+    out += _attention(mc, i)
+    out.append(Spec(f"{p}post_attention_layernorm.weight", ("layers", i, "mlp_norm", "scale")))
+    if is_moe_layer(mc, i):
+      out += _moe(mc, fam, i, i in fused_layers)
+    else:
+      out += _ffn(f"{p}mlp.", ("layers", i, "mlp"), ("gate_proj", "up_proj", "down_proj"))
+  out.append(Spec("model.norm.weight", ("final_norm", "scale")))
+  if not mc.tie_embeddings:
+    out.append(Spec("lm_head.weight", ("lm_head", "kernel"), None, True))
+  return out
+
+
+def fused_layers(names: set[str], fam: Family, n_layers: int) -> frozenset[int]:
+  """Layers whose experts are stored in transformers 5's fused layout."""
+  return frozenset(
+    i for i in range(n_layers) if f"model.layers.{i}.{fam.moe_prefix}.experts.down_proj" in names
+  )

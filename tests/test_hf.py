@@ -1,0 +1,246 @@
+"""moejax.hf: tiny random transformers models of each family, imported, compared, exported.
+
+The reference is transformers itself (its own config classes and modeling code): moejax's
+logits must equal transformers' within 1e-4 in float32, at the native k and at a reduced k1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import jax
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from moejax import config as config_lib
+from moejax.errors import UserError
+from moejax.hf import runstate
+from moejax.hf.exporter import export_run
+from moejax.hf.importer import import_checkpoint
+
+V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
+COMMON = dict(
+  vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=4,
+  num_key_value_heads=2, num_experts_per_tok=K, max_position_embeddings=64,
+  eos_token_id=1, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+)  # fmt: skip
+CONFIGS = {
+  "olmoe": lambda: transformers.OlmoeConfig(
+    **COMMON, intermediate_size=16, num_experts=E, rms_norm_eps=1e-5, rope_theta=500.0
+  ),
+  "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+    **COMMON, head_dim=12, intermediate_size=24, moe_intermediate_size=16, num_experts=E,
+    norm_topk_prob=True, mlp_only_layers=[0], rms_norm_eps=1e-6,
+  ),
+  "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+    **COMMON, intermediate_size=24, moe_intermediate_size=16, shared_expert_intermediate_size=20,
+    num_experts=E, norm_topk_prob=False, rms_norm_eps=1e-6,
+  ),
+  "mixtral": lambda: transformers.MixtralConfig(
+    **COMMON, intermediate_size=16, num_local_experts=E, rms_norm_eps=1e-5
+  ),
+}  # fmt: skip
+RENORM = {"olmoe": False, "qwen3_moe": True, "qwen2_moe": False, "mixtral": True}
+TEXT = "\n\n".join(f"paragraph {i}: " + "the quick brown fox jumps over it. " * (3 + i % 5)
+                   for i in range(60))  # fmt: skip
+
+
+def write_tokenizer(directory: str) -> None:
+  """A character-level tokenizer.json (BPE with no merges) and its tokenizer_config.json."""
+  from tokenizers import Tokenizer, models
+
+  chars = [chr(c) for c in range(32, 127)]
+  vocab = {"[UNK]": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+  Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]")).save(
+    os.path.join(directory, "tokenizer.json")
+  )
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<eos>"}, f)
+
+
+def randomize(model) -> None:
+  """Weights far from init (norm scales around 1), so a wrong mapping shows in the logits."""
+  g = torch.Generator().manual_seed(0)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=g)
+      p.copy_(1.0 + 0.3 * noise if "norm" in name else 0.2 * noise)
+
+
+def hf_logits(model, tokens: np.ndarray, k: int) -> np.ndarray:
+  """transformers' float32 logits with every router at top-k."""
+  for mod in model.modules():
+    if hasattr(mod, "top_k") and hasattr(mod, "weight"):
+      mod.top_k = k
+  with torch.no_grad():
+    out = model(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
+  for mod in model.modules():
+    if hasattr(mod, "top_k") and hasattr(mod, "weight"):
+      mod.top_k = K
+  return out
+
+
+def jitted(model):
+  """model(tokens, k=, k2=) logits, compiled once per (k, k2)."""
+  graphdef, state = nnx.split(model)
+
+  @functools.partial(jax.jit, static_argnames=("k", "k2"))
+  def run(state, tokens, k=None, k2=None):
+    return nnx.merge(graphdef, state)(tokens, k=k, k2=k2)[0]
+
+  return lambda tokens, k=None, k2=None: np.asarray(run(state, tokens, k=k, k2=k2))
+
+
+@pytest.fixture(scope="module")
+def tokens():
+  return np.random.default_rng(0).integers(0, V, size=(2, 12)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  """family → (HF model, imported run dir, moejax model)."""
+  root = tmp_path_factory.mktemp("hf")
+  text = root / "heldout.txt"
+  text.write_text(TEXT)
+  out = {}
+  for fam, make in CONFIGS.items():
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(make(), dtype=torch.float32).eval()
+    randomize(model)
+    src = root / f"{fam}_hf"
+    model.save_pretrained(src)
+    write_tokenizer(src)
+    opts = dict(text=str(text), text_docs="paragraph", seq_len=16, sequences=8, batch_size=4,
+                holdout_fraction=0.3, progress=False)  # fmt: skip
+    run = root / f"{fam}_run"
+    import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
+    c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
+    mc = config_lib.model_config(c, V)
+    out[fam] = (model, run, jitted(runstate.load_model(str(run), c, mc)), src)
+  return out
+
+
+@pytest.mark.parametrize("fam", list(CONFIGS))
+def test_import_matches_transformers(imported, tokens, fam):
+  """Native K, and k1 = K/2 with the family's own normalization (k2 = k1 when it renormalizes)."""
+  hf, _, mj, _ = imported[fam]
+  ref = hf_logits(hf, tokens, K)
+  got = mj(tokens)
+  assert np.abs(ref).max() > 1.0  # the logits are far from uniform: the check can fail
+  np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+  ref1 = hf_logits(hf, tokens, K1)
+  assert np.abs(ref1 - ref).max() > 1e-2  # k1 changes the output
+  got1 = mj(tokens, k=K1, k2=K1 if RENORM[fam] else None)
+  np.testing.assert_allclose(got1, ref1, atol=1e-4, rtol=0)
+
+
+def test_import_records_the_architecture(imported):
+  """Per-family conventions land in moejax's config keys."""
+  cfg = {f: json.loads((imported[f][1] / "config.json").read_text())["model"] for f in CONFIGS}
+  assert [cfg[f]["moe"]["rule"] for f in CONFIGS] == [
+    "olmoe",
+    "qwen3_moe",
+    "qwen2_moe",
+    "mixtral",
+  ]
+  assert (cfg["olmoe"]["qk_norm_scope"], cfg["qwen3_moe"]["qk_norm_scope"]) == ("proj", "head")
+  assert cfg["qwen2_moe"]["qkv_bias"] and not cfg["mixtral"]["qk_norm"]
+  assert (cfg["qwen3_moe"]["first_dense"], cfg["qwen3_moe"]["d_ff"]) == (1, 24)
+  assert (cfg["olmoe"]["rope_theta"], cfg["olmoe"]["norm_eps"]) == (500.0, 1e-5)
+
+
+@pytest.mark.parametrize("fam", list(CONFIGS))
+def test_export_round_trips(imported, tokens, fam, tmp_path):
+  hf, run, _, _ = imported[fam]
+  export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
+  back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+  assert type(back) is type(hf)
+  np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), hf_logits(hf, tokens, K), atol=1e-4)
+  assert os.path.exists(tmp_path / "out" / "tokenizer.json")
+
+
+def test_export_native_run(tmp_path, tokens):
+  """A moejax-made run (tied embeddings, mixtral rule, random weights) exports with the same
+  logits; a rule no family has is refused naming the field."""
+  c = config_lib.base_config()
+  c.model.update(vocab_size=V, d_model=D, n_layers=L, n_heads=4, n_kv_heads=2, d_ff=0)
+  c.model.moe.update(n_experts=E, top_k=K, d_expert=16)
+  mc = config_lib.model_config(c, V)
+  _, state = runstate.abstract(c, mc)
+  rng = np.random.default_rng(1)
+  arrays = {
+    p: (0.2 * rng.standard_normal(s)).astype(np.float32) for p, s in runstate.shapes(state).items()
+  }
+  run = tmp_path / "run"
+  runstate.save(str(run), runstate.fill(state, arrays), {})
+  (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
+  export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
+  back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+  got = jitted(runstate.load_model(str(run), c, mc))(tokens)
+  np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), got, atol=1e-4)
+  c.model.moe.rule = "olmo"  # α = K: no family scales its routed weights
+  (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
+  with pytest.raises(UserError, match="model.moe.scale"):
+    export_run(str(run), str(tmp_path / "out2"))
+
+
+def test_import_errors_name_the_tensor_or_key(imported, tmp_path):
+  _, _, _, src = imported["olmoe"]
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    (bad / name).write_bytes((src / name).read_bytes())
+  hf = json.loads((src / "config.json").read_text())
+  tensors = load_file(src / "model.safetensors")
+  missing = "model.layers.1.mlp.experts.3.up_proj.weight"
+  save_file({k: v for k, v in tensors.items() if k != missing}, bad / "model.safetensors")
+  (bad / "config.json").write_text(json.dumps(hf))
+  with pytest.raises(UserError, match=f"missing tensor {missing}"):
+    import_checkpoint(str(bad), str(tmp_path / "r1"), {"progress": False})
+  save_file(tensors, bad / "model.safetensors")
+  (bad / "config.json").write_text(json.dumps({**hf, "intermediate_size": 20}))
+  with pytest.raises(
+    UserError, match=r"tensor model.layers.0.mlp.experts.0.\w+.weight .* has shape"
+  ):
+    import_checkpoint(str(bad), str(tmp_path / "r2"), {"progress": False})
+  (bad / "config.json").write_text(json.dumps({**hf, "architectures": ["LlamaForCausalLM"],
+                                                "model_type": "llama"}))  # fmt: skip
+  with pytest.raises(UserError, match="LlamaForCausalLM.*not supported"):
+    import_checkpoint(str(bad), str(tmp_path / "r3"), {"progress": False})
+  no_arch = {k: v for k, v in hf.items() if k not in ("architectures", "model_type")}
+  (bad / "config.json").write_text(json.dumps(no_arch))
+  env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "moejax.hf", "import", str(bad), "--workdir", str(tmp_path / "r4")]
+  p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
+  assert "no architectures or model_type" in p.stderr
+
+
+def test_grid_on_imported_model(imported):
+  """`moejax.evaluate`'s grid runs on an imported model; its native K loss is transformers'
+  cross-entropy on the same held-out windows."""
+  from moejax.data import make_data
+  from moejax.grid import run_grid
+
+  hf, run, _, _ = imported["olmoe"]
+  rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
+  assert [(r["k1"], r["k2"]) for r in rows] == [(4, "native"), (2, "native")]
+  c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
+  data = make_data(c.data, seed=0, workdir=None)
+  w = torch.as_tensor(np.concatenate(data.eval_batches(8, 4)), dtype=torch.long)
+  with torch.no_grad():
+    logp = torch.log_softmax(hf(w[:, :-1]).logits, -1)
+  ce = -logp.gather(-1, w[:, 1:, None]).mean().item()
+  native = next(r for r in rows if (r["k1"], r["k2"]) == (4, "native"))
+  assert native["n_sequences"] == w.shape[0] and native["delta"] == 0.0
+  assert native["loss"] == pytest.approx(ce, abs=1e-4)
+  assert os.path.exists(run / "eval" / "k_grid.md")
