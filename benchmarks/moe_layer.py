@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import interleaved_min  # noqa: E402
+from common import interleaved_min
 
-from moejax.layers import DenseFFN  # noqa: E402
-from moejax.moe import MoEBlock, MoEConfig  # noqa: E402
+from moejax.layers import DenseFFN
+from moejax.moe import MoEBlock, MoEConfig
 
 CASES = [(4096, 256, 256, 16, 4), (8192, 256, 128, 64, 8)]
 
