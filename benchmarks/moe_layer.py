@@ -1,8 +1,10 @@
 """MoEBlock forward+backward time over a dense SwiGLU FFN of width K·f on the same tokens.
 
 Run: python benchmarks/moe_layer.py [--repeats 7] [--block 32]
-Prints one row per (T, d, f, E, K) with the ratios dropless/dense and capacity(1.25)/dense,
-measured interleaved in the same process.
+Prints one row per (T, d, f, E, K) with the ratios dropless/dense, capacity(1.25)/dense
+and, when torch and transformers are installed (`pip install -e .[bench]`), dropless over
+transformers' OLMoE sparse block on the same shape (below 1: ours is faster), all timed
+interleaved in the same process.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import interleaved_min  # noqa: E402
+import hf_olmoe
+from common import interleaved_min
 
-from moejax.layers import DenseFFN  # noqa: E402
-from moejax.moe import MoEBlock, MoEConfig  # noqa: E402
+from moejax.layers import DenseFFN
+from moejax.moe import MoEBlock, MoEConfig
 
 CASES = [(4096, 256, 256, 16, 4), (8192, 256, 128, 64, 8)]
 
@@ -41,9 +44,12 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--block", type=int, default=32)
+  p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
   args = p.parse_args()
+  hf = hf_olmoe.available() and not args.no_hf
   print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")
-  print("T     d   f   E  K  | dense ms | dropless/dense | capacity1.25/dense")
+  print("| T | d | f | E | K | dense ms | dropless/dense | capacity1.25/dense | dropless/OLMoE |")
+  print("|---|---|---|---|---|---:|---:|---:|---:|")
   for T, d, f, E, K in CASES:
     x = jax.random.normal(jax.random.key(0), (T, d), jnp.float32)
     rngs = nnx.Rngs(0)
@@ -60,12 +66,17 @@ def main() -> None:
         block_size=args.block,
       )
       fns[mode] = fwd_bwd(MoEBlock(cfg, rngs=rngs), x, True)
+    label = "not measured (no torch/transformers)"
+    if hf:
+      fns["olmoe"], label = hf_olmoe.fwd_bwd(T, d, f, E, K)
     t = interleaved_min(fns, args.repeats)
+    vs_hf = f"{t['dropless'] / t['olmoe']:.2f}" if hf else "-"
     print(
-      f"{T:<5} {d:<3} {f:<3} {E:<2} {K}  | {t['dense'] * 1e3:8.1f} | "
-      f"{t['dropless'] / t['dense']:14.2f} | {t['capacity'] / t['dense']:18.2f}",
+      f"| {T} | {d} | {f} | {E} | {K} | {t['dense'] * 1e3:.1f} | "
+      f"{t['dropless'] / t['dense']:.2f} | {t['capacity'] / t['dense']:.2f} | {vs_hf} |",
       flush=True,
     )
+  print(f"OLMoE block: {label}")
 
 
 if __name__ == "__main__":

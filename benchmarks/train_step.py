@@ -1,8 +1,9 @@
-"""Quickstart MoE training throughput over a dense model with the same active parameters.
+"""MoE training throughput over a dense model with the same active parameters.
 
 Run: python benchmarks/train_step.py [--repeats 5] [--config configs/quickstart.py]
 Both models train on the same batches; steps are timed interleaved in one process. Also
-prints the first-step (compile) time of each and the process's peak resident memory.
+prints the compile time of each, XLA's peak-memory estimate of one step (arguments +
+outputs + temporaries, so it is per step, not per process) and the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -13,13 +14,28 @@ import os
 import resource
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import interleaved_min  # noqa: E402
+from common import interleaved_min
 
-from moejax import sharding, step as step_lib, trainer  # noqa: E402
+from moejax import sharding, trainer
+from moejax import step as step_lib
+
+
+class Comparison(NamedTuple):
+  """One MoE config against its dense twin, measured in the same process."""
+
+  tokens_per_s: dict[str, float]
+  compile_s: dict[str, float]
+  step_bytes: dict[str, int]
+  active: dict[str, int]
+
+  def ratio(self, field: str) -> float:
+    d = getattr(self, field)
+    return d["moe"] / d["dense"]
 
 
 def load(path: str):
@@ -29,8 +45,25 @@ def load(path: str):
   return mod.get_config()
 
 
+def dense_twin(c):
+  """The same config with dense FFNs of width K·d_expert + d_shared (equal active params)."""
+  d = c.copy_and_resolve_references()
+  m = d.model
+  d.model.d_ff = m.moe.top_k * m.moe.d_expert + m.moe.d_shared
+  d.model.moe_every = 0
+  return d
+
+
+def _step_bytes(compiled) -> int:
+  m = compiled.memory_analysis()
+  if m is None:
+    return 0
+  used = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+  return used - m.alias_size_in_bytes
+
+
 def jitted_step(c):
-  """(step fn closure, compile seconds, active params) for config c."""
+  """(step fn closure, compile seconds, step bytes, active params) for config c."""
   run = trainer.build(c, workdir=None)
   lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   fn = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
@@ -39,7 +72,21 @@ def jitted_step(c):
   compiled = fn.lower(run.state, tokens, jax.random.key(0)).compile()
   compile_s = time.perf_counter() - t
   state = run.state
-  return (lambda: compiled(state, tokens, jax.random.key(0))), compile_s, run.n_active
+  step = lambda: compiled(state, tokens, jax.random.key(0))
+  return step, compile_s, _step_bytes(compiled), run.n_active
+
+
+def compare(moe_cfg, repeats: int) -> Comparison:
+  """Times a train step of `moe_cfg` and of its dense twin, interleaved."""
+  built = {"moe": jitted_step(moe_cfg), "dense": jitted_step(dense_twin(moe_cfg))}
+  t = interleaved_min({k: v[0] for k, v in built.items()}, repeats)
+  tokens = moe_cfg.data.batch_size * moe_cfg.data.seq_len
+  return Comparison(
+    tokens_per_s={k: tokens / t[k] for k in t},
+    compile_s={k: v[1] for k, v in built.items()},
+    step_bytes={k: v[2] for k, v in built.items()},
+    active={k: v[3] for k, v in built.items()},
+  )
 
 
 def main() -> None:
@@ -48,21 +95,23 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=5)
   args = p.parse_args()
   moe_cfg = load(args.config)
-  dense_cfg = load(args.config)
-  m = dense_cfg.model
-  dense_cfg.model.d_ff = m.moe.top_k * m.moe.d_expert + m.moe.d_shared
-  dense_cfg.model.moe_every = 0
-  moe_fn, moe_compile, moe_active = jitted_step(moe_cfg)
-  dense_fn, dense_compile, dense_active = jitted_step(dense_cfg)
-  t = interleaved_min({"moe": moe_fn, "dense": dense_fn}, args.repeats)
-  tokens = moe_cfg.data.batch_size * moe_cfg.data.seq_len
-  print(f"backend={jax.default_backend()} tokens/step={tokens}")
-  print(f"active params: moe {moe_active:,}  dense {dense_active:,}")
+  r = compare(moe_cfg, args.repeats)
+  tps, cs, mb = r.tokens_per_s, r.compile_s, {k: v / 2**20 for k, v in r.step_bytes.items()}
   print(
-    f"tokens/s: moe {tokens / t['moe']:,.0f}  dense {tokens / t['dense']:,.0f}  "
-    f"ratio moe/dense {t['dense'] / t['moe']:.2f}"
+    f"backend={jax.default_backend()} tokens/step={moe_cfg.data.batch_size * moe_cfg.data.seq_len}"
   )
-  print(f"first-step compile: moe {moe_compile:.1f} s  dense {dense_compile:.1f} s")
+  print(f"active params: moe {r.active['moe']:,}  dense {r.active['dense']:,}")
+  print(
+    f"tokens/s: moe {tps['moe']:,.0f}  dense {tps['dense']:,.0f}  "
+    f"ratio moe/dense {r.ratio('tokens_per_s'):.2f}"
+  )
+  print(
+    f"compile: moe {cs['moe']:.1f} s  dense {cs['dense']:.1f} s  ratio {r.ratio('compile_s'):.2f}"
+  )
+  print(
+    f"step memory: moe {mb['moe']:.0f} MiB  dense {mb['dense']:.0f} MiB  "
+    f"ratio {r.ratio('step_bytes'):.2f}"
+  )
   print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

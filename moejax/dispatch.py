@@ -67,10 +67,25 @@ def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) ->
   return Plan(row_of_A, token_of_R, assign_of_R, kept_A)
 
 
-def block_sizes(block: int, n_assignments: int) -> tuple[int, ...]:
-  """Static block sizes for the CPU grouped loop: large blocks for the bulk of each
-  expert's rows, `block` (the padding granularity) for the tail; none above T·K."""
-  return tuple(s for s in (16 * block, 4 * block) if s <= n_assignments) + (block,)
+def block_sizes(block: int, n_assignments: int, n_experts: int = 1) -> tuple[int, ...]:
+  """Static block sizes for the CPU grouped loop, largest first: `block` (the padding
+  granularity) times powers of 4, up to the expected rows per expert T·K/E, so a typical
+  expert's run is a few large matmuls plus a short tail."""
+  mean, sizes = n_assignments // n_experts, [block]
+  while sizes[-1] * 4 <= mean:
+    sizes.append(sizes[-1] * 4)
+  return tuple(reversed(sizes))
+
+
+def sort_by_expert(e_A: jax.Array, n_experts: int) -> tuple[jax.Array, jax.Array]:
+  """(order_A, e_sorted_A): a stable sort of assignments by expert. One single-operand
+  sort of the unique keys e·A + a (several times faster on CPU than a stable argsort)."""
+  A = e_A.shape[0]
+  if n_experts * A >= 2**31:  # keys would overflow int32
+    order_A = jnp.argsort(e_A, stable=True)
+    return order_A, e_A[order_A]
+  key_A = jax.lax.sort(e_A.astype(jnp.int32) * A + jnp.arange(A, dtype=jnp.int32))
+  return key_A % A, key_A // A
 
 
 def dropless_plan(
@@ -85,11 +100,10 @@ def dropless_plan(
   T, K = experts_TxK.shape
   A, E, small = T * K, n_experts, sizes[-1]
   e_A = jnp.asarray(experts_TxK).reshape(A)
-  order_A = jnp.argsort(e_A, stable=True)
+  order_A, e_sorted_A = sort_by_expert(e_A, E)
   counts_E = jnp.bincount(e_A, length=E)
   padded_E = (counts_E + small - 1) // small * small
   start_E = jnp.cumsum(padded_E) - padded_E
-  e_sorted_A = e_A[order_A]
   rank_A = jnp.arange(A) - (jnp.cumsum(counts_E) - counts_E)[e_sorted_A]
   row_sorted_A = (start_E[e_sorted_A] + rank_A).astype(jnp.int32)
   row_of_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)
@@ -242,7 +256,7 @@ def dropless(
     dot = lambda a, w: jax.lax.ragged_dot(a, w, counts_E.astype(jnp.int32))
     h_AxF = jax.nn.silu(dot(x_AxD, ex.w_gate_ExDxF)) * dot(x_AxD, ex.w_up_ExDxF)
     return _combine(dot(h_AxF, ex.w_down_ExFxD), plan, weights_TxK)
-  sizes = block_sizes(block, T * K)
+  sizes = block_sizes(block, T * K, E)
   plan, blocks, _ = dropless_plan(experts_TxK, E, sizes)
   y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, blocks, sizes)
   return _combine(y_RxD, plan, weights_TxK)
