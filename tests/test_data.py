@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from moejax import corpora, tokenizer
-from moejax.data import heldout_mask, make_data, pack, unigram_entropy, windows
+from moejax.data import complete, heldout_mask, make_data, pack, unigram_entropy, windows
 from moejax.errors import UserError
 
 
@@ -47,7 +47,7 @@ def test_same_seed_same_batches_other_seed_differs():
 
 def test_heldout_docs_disjoint_from_train_docs():
   c = cfg()
-  docs, _ = corpora.load_corpus(c)
+  docs, _ = corpora.load_corpus(complete(c))
   held_N = heldout_mask(docs, 0.1)
   train_set = {d for d, h in zip(docs, held_N) if not h}
   held_set = {d for d, h in zip(docs, held_N) if h}
