@@ -132,7 +132,7 @@ class Loop:
   def save(self, state, step: int) -> None:
     try:
       checkpoint.save(self.s.mngr, step, state, self.s.data_state())
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001  (orbax may wrap the OSError of a full disk)
       raise SaveFailed(
         f"saving checkpoint {self.s.mngr.directory}/{step} failed ({e}); {self.good_checkpoint()}"
       ) from None

@@ -47,8 +47,8 @@ def count_params(params, moe_cfg) -> tuple[int, int]:
   return total, active
 
 
-def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
-  """Data, model, optimizer state and mesh from a validated config (no checkpoint yet)."""
+def check_config(c: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """The whole config checked before any data loading or compilation; returns the mesh."""
   config_lib.validate(c)
   mesh = sharding.make_mesh(c.mesh)
   if c.data.batch_size % (sharding.data_shards(mesh) * c.train.grad_accum):
@@ -56,6 +56,12 @@ def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
       f"data.batch_size={c.data.batch_size} must divide by mesh data×fsdp "
       f"({sharding.data_shards(mesh)}) × train.grad_accum ({c.train.grad_accum})"
     )
+  return mesh
+
+
+def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
+  """Data, model, optimizer state and mesh from a validated config (no checkpoint yet)."""
+  mesh = check_config(c)
   data = make_data(c.data, seed=c.train.seed, workdir=workdir)
   if 0 < c.model.vocab_size < data.tokenizer.vocab_size:
     raise UserError(
@@ -139,7 +145,7 @@ def resume(run: Run, workdir: str, it, log):
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
   t0 = time.time()
-  config_lib.validate(c)
+  check_config(c)
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, c)
   run = build(c, workdir)
