@@ -53,7 +53,11 @@ def _native_stderr_muted_on_failure():
   the one-line error. During a restore fd 2 goes to /dev/null; on success it is put
   back, on failure it stays muted and Python's sys.stderr writes to the real stderr."""
   sys.stderr.flush()
-  real_fd, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  try:  # after an earlier failure fd 2 is muted and sys.stderr holds the real one
+    real_fd = os.dup(sys.stderr.fileno())
+  except (AttributeError, OSError, ValueError):  # a replaced sys.stderr (pytest capture)
+    real_fd = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
   os.dup2(devnull, 2)
   os.close(devnull)
   try:

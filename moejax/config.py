@@ -271,11 +271,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
       f"train.stop_at={c.train.stop_at} is not allowed; use 0 (no early stop) "
       f"to train.steps={c.train.steps}"
     )
-  if c.optim.warmup_steps > c.train.steps:
-    raise UserError(
-      f"optim.warmup_steps={c.optim.warmup_steps} is not allowed; use <= "
-      f"train.steps={c.train.steps}"
-    )
   _in_range(c, "optim.min_lr_ratio", 0, 1)
   _in_range(c, "optim.b1", 0, 1, hi_open=True)
   _in_range(c, "optim.b2", 0, 1, hi_open=True)
@@ -286,6 +281,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.model.moe_every > 0:
     _check_shared(c)
   _check_eval_ks(c)
+
+
+def warnings(c: ml_collections.ConfigDict) -> list[str]:
+  """Valid but probably unintended settings, printed when training starts."""
+  out = []
+  if c.optim.warmup_steps >= c.train.steps:
+    out.append(
+      f"warning: optim.warmup_steps={c.optim.warmup_steps} >= train.steps={c.train.steps}; "
+      f"the warmup is clamped to {max(c.train.steps - 1, 0)} steps"
+    )
+  return out
 
 
 def load_file(spec: str) -> ml_collections.ConfigDict:

@@ -171,6 +171,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   )
   if tracker.note:
     log(tracker.note)
+  for line in config_lib.warnings(c):
+    log(line)
   train_step, eval_step = compile_steps(run)
   batch_sharding = sharding.batch_sharding(run.mesh)
   bar = _progress(start, end, c.train.progress)

@@ -44,7 +44,6 @@ BAD += [
   ("optim.eps", -1.0, "optim.eps"),
   ("optim.eps", 0.0, "optim.eps"),
   ("optim.min_lr_ratio", 1.5, "optim.min_lr_ratio"),
-  ("optim.warmup_steps", 10_000, "optim.warmup_steps"),
   ("train.stop_at", 10_000, "train.stop_at"),
   ("train.on_nonfinite", "ignore", "train.on_nonfinite"),
   ("train.max_skips", -1, "train.max_skips"),
