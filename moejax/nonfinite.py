@@ -10,7 +10,7 @@ optimizer state (the batch is still consumed and the step counter still advances
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -9,12 +9,13 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 
-from moejax import checkpoint, config as config_lib, loop, nonfinite, optim, sharding, stopping
-from moejax import step as step_lib, tracking, workdir as workdir_lib
+from moejax import checkpoint, loop, nonfinite, optim, sharding, stopping, tracking
+from moejax import config as config_lib
+from moejax import step as step_lib
+from moejax import workdir as workdir_lib
 from moejax.data import Data, make_data
 from moejax.errors import UserError
 from moejax.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)

@@ -12,8 +12,8 @@ import random
 import jax
 import ml_collections
 import pytest
-
 from failure_helpers import tiny
+
 from moejax import routing, trainer
 from moejax.errors import UserError
 

@@ -282,7 +282,9 @@ def test_user_file_errors_name_the_file(tmp_path, setup, kw, needle):
 @pytest.mark.parametrize(
   "kw, needle",
   [
-    (dict(corpus="wiki"), "data.corpus='wiki': allowed values are stdlib, synthetic, files"),
+    (dict(corpus="wiki"), "data.corpus='wiki' is not allowed; use one of stdlib, synthetic, files"),
+    (dict(synthetic_docs=20, batch_size=10_000), "< one batch of data.batch_size=10000"),
+    (dict(nope=1), "unknown config key data.nope"),
     (dict(tokenizer="sentencepiece"), "data.tokenizer"),
     (dict(tokenizer="bpe", bpe_vocab_size=100), "data.bpe_vocab_size"),
     (dict(batch_size=0), "data.batch_size"),

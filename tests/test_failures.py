@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from failure_helpers import assert_trees_equal, metric_rows, override, same_rows, tiny
 from jax.experimental.compilation_cache import compilation_cache
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from failure_helpers import assert_trees_equal, metric_rows, override, same_rows, tiny
 from moejax import checkpoint, grid, nonfinite, trainer
 from moejax import workdir as workdir_lib
 from moejax.errors import UserError
@@ -266,10 +266,12 @@ def test_skip_keeps_the_old_state_and_advances_the_step():
 def test_steps_below_the_checkpoint_is_an_error_and_config_json_is_kept(reference):
   workdir = reference[0]
   path = os.path.join(workdir, "config.json")
-  before = open(path).read()
+  with open(path) as f:
+    before = f.read()
   with pytest.raises(UserError, match=r"train.steps=10 is below the checkpoint step 12"):
     trainer.train(override(CONFIG, {"train.steps": 10}), workdir, log=Log())
-  assert open(path).read() == before
+  with open(path) as f:
+    assert f.read() == before
 
 
 def test_changed_moe_key_on_resume_is_named_in_one_short_line(reference):

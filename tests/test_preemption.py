@@ -13,8 +13,8 @@ import sys
 import time
 
 import pytest
-
 from failure_helpers import TINY, assert_trees_equal, cli_args, metric_rows, same_rows, tiny
+
 from moejax import checkpoint, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +94,7 @@ def test_kill_9_at_three_points_then_rerun_matches_an_uninterrupted_run(env, tmp
   third = start(workdir, env)
   assert kill_when(third, lambda: max(logged_steps(workdir), default=0) >= STEPS - 5)
   last = start(workdir, env)
-  out, err = last.communicate(timeout=300)
+  _, err = last.communicate(timeout=300)
   assert last.returncode == 0, err[-3000:]
   _, ref_err = ref.communicate(timeout=300)
   assert ref.returncode == 0, ref_err[-3000:]
