@@ -95,5 +95,5 @@ def run_main(main: Callable[[], int | None]) -> None:
   except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
     fail(f"{e.strerror}: {e.filename}")
   except KeyboardInterrupt:  # outside the train loop, which saves and exits 0 on Ctrl-C
-    fail("interrupted before training started or after it ended; nothing was saved", 130)
+    fail("interrupted outside the train loop (in the loop, Ctrl-C checkpoints and exits 0)", 130)
   sys.exit(code or 0)

@@ -7,6 +7,7 @@ compiles once (persistent XLA cache, cheap compiles, as in test_train.py).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import glob
 import os
@@ -20,7 +21,7 @@ from failure_helpers import assert_trees_equal, metric_rows, override, same_rows
 from jax.experimental.compilation_cache import compilation_cache
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from moejax import checkpoint, grid, nonfinite, trainer
+from moejax import checkpoint, grid, loop, nonfinite, trainer
 from moejax import workdir as workdir_lib
 from moejax.errors import UserError
 
@@ -294,3 +295,13 @@ def test_workdir_that_is_a_file_or_unwritable(tmp_path):
       workdir_lib.prepare(workdir)
   with pytest.raises(UserError, match="not writable"):
     workdir_lib.prepare("/proc/moejax_run")
+
+
+def test_divergence_before_any_checkpoint_names_none():
+  fields = {f.name: None for f in dataclasses.fields(loop.LoopSetup)}
+  setup = loop.LoopSetup(**{**fields, "moe_layers": [0], "policy": "stop", "max_skips": 0})
+  with pytest.raises(trainer.Diverged) as info:
+    loop.Loop(setup, 0, STEPS, CONFIG).check(3, {"nonfinite": 2})
+  message = str(info.value)
+  assert "non-finite loss at step 3" in message and "no checkpoint was saved" in message
+  assert "checkpoints/" not in message
