@@ -2,7 +2,10 @@
 
 Layout: `DIR/checkpoints/<step>/{state,data}` (orbax step directories). Saving is atomic
 (orbax writes to a temporary directory and renames), so an interrupted save never hides
-the previous good checkpoint.
+the previous good checkpoint, and old steps are deleted only after a newer one is
+committed. A committed but unreadable checkpoint (a truncated file) is moved to
+`DIR/checkpoints_corrupt/<step>` by `restore_latest_good`, which resumes from the newest
+readable one.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import threading
 from typing import Any
@@ -22,7 +26,9 @@ from moejax.errors import UserError
 
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
   """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+  options = ocp.CheckpointManagerOptions(
+    max_to_keep=keep, create=True, cleanup_tmp_directories=True
+  )
   return ocp.CheckpointManager(
     os.path.abspath(os.path.join(workdir, "checkpoints")),
     options=options,
@@ -47,7 +53,11 @@ def _native_stderr_muted_on_failure():
   the one-line error. During a restore fd 2 goes to /dev/null; on success it is put
   back, on failure it stays muted and Python's sys.stderr writes to the real stderr."""
   sys.stderr.flush()
-  real_fd, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  try:  # after an earlier failure fd 2 is muted and sys.stderr holds the real one
+    real_fd = os.dup(sys.stderr.fileno())
+  except (AttributeError, OSError, ValueError):  # a replaced sys.stderr (pytest capture)
+    real_fd = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
   os.dup2(devnull, 2)
   os.close(devnull)
   try:
@@ -127,3 +137,45 @@ def restore_params(
       f"config ({type(e).__name__}: {reason})"
     ) from None
   return step, {name: out.state[name] for name in abstract}
+
+
+def restore_latest_good(
+  workdir: str, mngr: ocp.CheckpointManager, abstract_state: Any, log
+) -> tuple[ocp.CheckpointManager, tuple[int, Any, dict] | None]:
+  """(manager, restored) from the newest readable checkpoint, None when there is none.
+
+  Each unreadable newer checkpoint is reported by name and moved to
+  `DIR/checkpoints_corrupt/<step>` (so training can save that step again); with
+  checkpoints but none readable, a UserError lists them and nothing is moved."""
+  failures = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      restored = restore(mngr, abstract_state, step)
+    except UserError as e:
+      failures.append((step, str(e)))
+      continue
+    for bad, why in failures:
+      dest = _move_aside(workdir, mngr.directory, bad)
+      log(f"warning: {why}; moved to {dest}; resuming from the previous checkpoint")
+    if failures:
+      mngr.close()
+      mngr = manager(workdir, mngr._options.max_to_keep)  # pylint: disable=protected-access
+    return mngr, restored
+  if failures:
+    raise UserError(
+      "no readable checkpoint: "
+      + "; ".join(why for _, why in failures)
+      + "; remove them or use a new --workdir"
+    )
+  return mngr, None
+
+
+def _move_aside(workdir: str, directory, step: int) -> str:
+  """Moves `checkpoints/<step>` to `checkpoints_corrupt/<step>[.n]`; returns the new path."""
+  root = os.path.join(workdir, "checkpoints_corrupt")
+  os.makedirs(root, exist_ok=True)
+  dest, n = os.path.join(root, str(step)), 1
+  while os.path.exists(dest):
+    dest, n = os.path.join(root, f"{step}.{n}"), n + 1
+  shutil.move(os.path.join(str(directory), str(step)), dest)
+  return dest

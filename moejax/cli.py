@@ -44,7 +44,11 @@ def _unknown_key(argv: list[str], cfg) -> str | None:
 
 def parse_flags(argv: list[str], config_flag=None) -> None:
   """Parses absl flags, and loads `config_flag` (ml_collections loads lazily), turning
-  every parse or load problem into a one-line exit 2."""
+  every parse or load problem into a one-line exit 2. The config file is first loaded by
+  `config.load_file`, which names the file for a syntax error, a bad `:arg` or a
+  get_config that raises."""
+  spec = config_path(argv) if config_flag is not None else None
+  base = _load(spec) if spec is not None else None
   try:
     flags.FLAGS(argv)
     if config_flag is not None and config_flag.value is not None:
@@ -52,15 +56,24 @@ def parse_flags(argv: list[str], config_flag=None) -> None:
   except flags.Error as e:
     fail(e)
   except OSError as e:  # ml_collections re-raises a failed config load as OSError
-    fail(f"cannot load --config {config_path(argv)}: {e}")
+    fail(f"cannot load --config {spec}: {e}")
   except (AttributeError, KeyError) as e:
-    cfg = _load_config_file(argv)
-    key = _unknown_key(argv, cfg) if cfg is not None else None
+    key = _unknown_key(argv, base) if base is not None else None
     fail(
       f"unknown config key --config.{key}; see the keys in moejax/config.py"
       if key
       else f"bad --config override ({e})"
     )
+
+
+def _load(spec: str):
+  """The config file alone (no overrides), or a one-line exit 2 naming the file."""
+  from moejax import config  # pylint: disable=import-outside-toplevel
+
+  try:
+    return config.load_file(spec)
+  except UserError as e:
+    fail(e)
 
 
 def config_path(argv: list[str]) -> str | None:
@@ -73,23 +86,6 @@ def config_path(argv: list[str]) -> str | None:
   return None
 
 
-def _load_config_file(argv: list[str]):
-  """The config named by `--config[=]path[:arg]`, loaded without the overrides."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-
-  spec = config_path(argv)
-  if spec is not None:
-    path, _, config_arg = spec.partition(":")
-    try:
-      module_spec = importlib.util.spec_from_file_location("_moejax_config", path)
-      module = importlib.util.module_from_spec(module_spec)
-      module_spec.loader.exec_module(module)
-      return module.get_config(config_arg) if config_arg else module.get_config()
-    except Exception:  # the caller falls back to the generic message
-      return None
-  return None
-
-
 def run_main(main: Callable[[], int | None]) -> None:
   """Runs `main`, mapping UserError / missing files to one line and exit code 2."""
   try:
@@ -98,6 +94,6 @@ def run_main(main: Callable[[], int | None]) -> None:
     fail(e)
   except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
     fail(f"{e.strerror}: {e.filename}")
-  except KeyboardInterrupt:
-    fail("interrupted; the last checkpoint is kept", 130)
+  except KeyboardInterrupt:  # outside the train loop, which saves and exits 0 on Ctrl-C
+    fail("interrupted outside the train loop (in the loop, Ctrl-C checkpoints and exits 0)", 130)
   sys.exit(code or 0)

@@ -7,8 +7,10 @@ every run has every key (DESIGN.md §5.1) and `--config.a.b=v` can override any 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
+import types
 
 import ml_collections
 from ml_collections import config_dict
@@ -16,7 +18,7 @@ from ml_collections import config_dict
 from moejax import data as data_lib
 from moejax import routing
 from moejax import step as step_lib
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 from moejax.model import ModelConfig
 from moejax.moe import MoEConfig
 
@@ -93,7 +95,10 @@ def base_config() -> ml_collections.ConfigDict:
     grad_accum=1,
     progress=True,
     stop_at=0,
-  )  # stop_at: leave early at this step (0: train.steps)
+    on_nonfinite="stop",
+    max_skips=10,
+  )  # stop_at: leave early at this step (0: train.steps); on_nonfinite: stop | skip
+  # max_skips: with on_nonfinite=skip, stop after more than this many skipped steps in a row
   c.optim = dict(
     lr=3e-3,
     warmup_steps=100,
@@ -185,49 +190,123 @@ def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
   return _build(ModelConfig, m, vocab_size=m.vocab_size or vocab_size, moe=moe)
 
 
-def _positive(c, path: str, minimum: float = 1) -> None:
+def _get(c, path: str):
   node = c
   for part in path.split("."):
     node = node[part]
-  if not node >= minimum:
-    raise UserError(f"{path}={node} is not allowed; use a value >= {minimum}")
+  return node
+
+
+def _at_least(c, path: str, minimum: float = 1) -> None:
+  value = _get(c, path)
+  if not value >= minimum:
+    raise UserError(f"{path}={value} is not allowed; use a value >= {minimum}")
+
+
+def _in_range(c, path: str, lo: float, hi: float, hi_open: bool = False) -> None:
+  value = _get(c, path)
+  if not (lo <= value < hi if hi_open else lo <= value <= hi):
+    raise UserError(f"{path}={value} is not allowed; use [{lo}, {hi}{')' if hi_open else ']'}")
+
+
+POSITIVE = (  # >= 1
+  "train.steps",
+  "train.log_every",
+  "train.eval_every",
+  "train.ckpt_every",
+  "train.keep_checkpoints",
+  "train.grad_accum",
+  "train.eval_sequences",
+  "eval.sequences",
+  "eval.batch_size",
+  "eval.bootstrap_resamples",
+  "eval.gain_sequences",
+  "data.batch_size",
+)
+NON_NEGATIVE = (  # >= 0
+  "optim.lr",
+  "loss.balance_weight",
+  "loss.z_loss_weight",
+  "loss.bias_update_rate",
+  "optim.warmup_steps",
+  "optim.weight_decay",
+  "optim.clip_norm",
+  "model.d_ff",
+  "model.vocab_size",
+  "train.max_skips",
+)
+
+
+def _types_match(value, default) -> bool:
+  """Whether a config value has its default's type (ints pass for floats)."""
+  if default is None:
+    return True
+  if isinstance(default, bool) or isinstance(value, bool):
+    return type(value) is type(default)
+  if isinstance(default, float):
+    return isinstance(value, (int, float))
+  return isinstance(value, type(default))
+
+
+def check_keys(c: ml_collections.ConfigDict, base: ml_collections.ConfigDict, prefix="") -> None:
+  """Every key of `c` exists in `base_config()` with the same type (a typo set inside a
+  config file, `c.train.stepz = 5`, or a string where a number goes)."""
+  for key in c.keys():
+    path = f"{prefix}{key}"
+    if key not in base:
+      raise UserError(f"unknown config key {path}; see the keys in moejax/config.py")
+    value, default = c[key], base[key]
+    if isinstance(default, ml_collections.ConfigDict):
+      if not isinstance(value, ml_collections.ConfigDict):
+        raise UserError(f"{path} must be a section (keys {', '.join(default.keys())})")
+      check_keys(value, default, f"{path}.")
+    elif not _types_match(value, default):
+      raise UserError(
+        f"{path}={value!r} is not allowed; use a {type(default).__name__} (like {default!r})"
+      )
+
+
+def _check_shared(c: ml_collections.ConfigDict) -> None:
+  """The shared expert and the rule's shared gate must come together."""
+  shared = moe_config(c).merge_rule.shared
+  d_shared = c.model.moe.d_shared
+  if d_shared > 0 and shared == "none":
+    raise UserError(
+      f"model.moe.d_shared={d_shared} is not allowed with model.moe.rule={c.model.moe.rule!r}, "
+      f"which has no shared expert (its parameters would be dead); use d_shared=0"
+    )
+  if d_shared == 0 and shared == "sigmoid":
+    raise UserError(
+      f"model.moe.rule={c.model.moe.rule!r} gates a shared expert with a sigmoid; set "
+      f"model.moe.d_shared >= 1 (now 0, so the gate would be dropped)"
+    )
+
+
+def _check_eval_ks(c: ml_collections.ConfigDict) -> None:
+  """eval.k1/eval.k2 parse now, not after training."""
+  if not (c.eval.k1 or c.eval.k2) or c.model.moe_every == 0:
+    return
+  from moejax import kgrid  # pylint: disable=import-outside-toplevel
+
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  try:
+    k1s = kgrid.parse_k1(c.eval.k1, K, E)
+    kgrid.parse_k2(c.eval.k2, K, E, k1s)
+  except UserError as e:
+    raise UserError(f"eval.k1={c.eval.k1!r}, eval.k2={c.eval.k2!r}: {e}") from None
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Checks the keys that no typed config owns; raises a one-line UserError naming one."""
-  for path in (
-    "train.steps",
-    "train.log_every",
-    "train.eval_every",
-    "train.ckpt_every",
-    "train.keep_checkpoints",
-    "train.grad_accum",
-    "train.eval_sequences",
-    "eval.sequences",
-    "eval.batch_size",
-    "eval.gain_sequences",
-    "data.batch_size",
-  ):
-    _positive(c, path)
-  for path in (
-    "optim.lr",
-    "loss.balance_weight",
-    "loss.z_loss_weight",
-    "loss.bias_update_rate",
-    "optim.warmup_steps",
-    "optim.weight_decay",
-    "optim.clip_norm",
-  ):
-    _positive(c, path, 0)
-  if c.loss.balance_granularity not in GRANULARITIES:
-    raise UserError(
-      f"loss.balance_granularity={c.loss.balance_granularity!r} is not allowed; "
-      f"use one of {', '.join(GRANULARITIES)}"
-    )
-  if c.wandb.mode not in WANDB_MODES:
-    raise UserError(
-      f"wandb.mode={c.wandb.mode!r} is not allowed; use one of {', '.join(WANDB_MODES)}"
-    )
+  """Checks a whole config before anything is built; raises a one-line UserError naming
+  the key. Typed configs (ModelConfig, MoEConfig, data) check their own fields here too."""
+  check_keys(c, base_config())
+  for path in POSITIVE:
+    _at_least(c, path)
+  for path in NON_NEGATIVE:
+    _at_least(c, path, 0)
+  check_choice("loss.balance_granularity", c.loss.balance_granularity, GRANULARITIES)
+  check_choice("wandb.mode", c.wandb.mode, WANDB_MODES)
+  check_choice("train.on_nonfinite", c.train.on_nonfinite, ("stop", "skip"))
   if c.data.batch_size % c.train.grad_accum:
     raise UserError(
       f"train.grad_accum={c.train.grad_accum} must divide data.batch_size={c.data.batch_size}"
@@ -237,10 +316,58 @@ def validate(c: ml_collections.ConfigDict) -> None:
       f"train.stop_at={c.train.stop_at} is not allowed; use 0 (no early stop) "
       f"to train.steps={c.train.steps}"
     )
-  if not 0 <= c.optim.min_lr_ratio <= 1:
-    raise UserError(f"optim.min_lr_ratio={c.optim.min_lr_ratio} is not allowed; use [0, 1]")
+  _in_range(c, "optim.min_lr_ratio", 0, 1)
+  _in_range(c, "optim.b1", 0, 1, hi_open=True)
+  _in_range(c, "optim.b2", 0, 1, hi_open=True)
+  if not c.optim.eps > 0:
+    raise UserError(f"optim.eps={c.optim.eps} is not allowed; use a value > 0")
+  data_lib.validate_config(c.data)
   model_config(c, vocab_size=max(c.model.vocab_size, 2))
   step_lib.LossConfig.from_config(c, n_shards=1)  # checks loss.balance_convention/choices
+  if c.model.moe_every > 0:
+    _check_shared(c)
+  _check_eval_ks(c)
+
+
+def warnings(c: ml_collections.ConfigDict) -> list[str]:
+  """Valid but probably unintended settings, printed when training starts."""
+  out = []
+  if c.optim.warmup_steps >= c.train.steps:
+    out.append(
+      f"warning: optim.warmup_steps={c.optim.warmup_steps} >= train.steps={c.train.steps}; "
+      f"the warmup is clamped to {max(c.train.steps - 1, 0)} steps"
+    )
+  return out
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """The config of `path[:arg]` (a `get_config([arg])` file); every way it can fail is a
+  one-line UserError naming the file: missing, a syntax error, an import or get_config
+  that raises, an argument it does not take."""
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise UserError(f"cannot load --config {spec}: no such file {path}")
+  with open(path) as f:
+    source = f.read()
+  try:
+    code = compile(source, path, "exec")
+  except SyntaxError as e:
+    raise UserError(f"--config {path}:{e.lineno}: syntax error ({e.msg})") from None
+  module = types.ModuleType("_moejax_config")
+  module.__file__ = path
+  try:
+    exec(code, module.__dict__)  # pylint: disable=exec-used
+  except Exception as e:  # anything a config module's top level can raise
+    raise UserError(f"--config {path}: loading it raised {type(e).__name__}: {e}") from None
+  get_config = getattr(module, "get_config", None)
+  if not callable(get_config):
+    raise UserError(f"--config {path}: defines no get_config()")
+  if arg and not inspect.signature(get_config).parameters:
+    raise UserError(f"--config {spec}: get_config() of {path} takes no argument; drop ':{arg}'")
+  try:
+    return get_config(arg) if arg else get_config()
+  except Exception as e:  # a config's own check, e.g. study_renorm's unknown rule
+    raise UserError(f"--config {spec}: get_config raised {type(e).__name__}: {e}") from None
 
 
 def read_saved(workdir: str) -> dict | None:

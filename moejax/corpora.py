@@ -12,7 +12,7 @@ import random
 import sysconfig
 from typing import Any, Callable, Sequence
 
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 
 CORPORA = ("stdlib", "synthetic", "files")
 FORMATS = ("auto", "text", "jsonl", "arrayrecord")
@@ -189,8 +189,7 @@ def expand_paths(paths: str | Sequence[str]) -> list[str]:
 
 def file_format(path: str, fmt: str) -> str:
   """The format to read `path` with: `fmt`, or by extension when `fmt` is 'auto'."""
-  if fmt not in FORMATS:
-    raise UserError(f"data.format={fmt!r}: allowed values are {', '.join(FORMATS)}")
+  check_choice("data.format", fmt, FORMATS)
   if fmt != "auto":
     return fmt
   base = os.path.basename(path).lower()
@@ -280,8 +279,7 @@ def load_files(
   max_docs: int = 0,
 ) -> tuple[list[str], CorpusInfo]:
   """Docs from user files, in `data.paths` order; every file must yield at least one doc."""
-  if text_docs not in TEXT_DOCS:
-    raise UserError(f"data.text_docs={text_docs!r}: allowed values are {', '.join(TEXT_DOCS)}")
+  check_choice("data.text_docs", text_docs, TEXT_DOCS)
   files = expand_paths(paths)
   docs: list[str] = []
   for path in files:
@@ -303,21 +301,21 @@ def load_files(
 
 def load_corpus(data_cfg: Any) -> tuple[list[str], CorpusInfo]:
   """The docs of `data.corpus` in deterministic order, capped at `data.max_docs` (0 = all)."""
-  corpus = data_cfg.get("corpus", "stdlib")
-  max_docs = data_cfg.get("max_docs", 0)
+  corpus, max_docs = data_cfg["corpus"], data_cfg["max_docs"]
   if isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 0:
     raise UserError(f"data.max_docs={max_docs!r}: must be an integer >= 0 (0 = all)")
   if corpus == "stdlib":
     return load_stdlib(max_docs)
   if corpus == "synthetic":
-    n_docs, seed = data_cfg.get("synthetic_docs", 4000), data_cfg.get("synthetic_seed", 0)
+    n_docs, seed = data_cfg["synthetic_docs"], data_cfg["synthetic_seed"]
     return load_synthetic(n_docs, seed, max_docs)
   if corpus == "files":
     return load_files(
-      data_cfg.get("paths", ""),
-      data_cfg.get("format", "auto"),
-      data_cfg.get("jsonl_key", "text"),
-      data_cfg.get("text_docs", "file"),
+      data_cfg["paths"],
+      data_cfg["format"],
+      data_cfg["jsonl_key"],
+      data_cfg["text_docs"],
       max_docs,
     )
-  raise UserError(f"data.corpus={corpus!r}: allowed values are {', '.join(CORPORA)}")
+  check_choice("data.corpus", corpus, CORPORA)
+  raise AssertionError(corpus)

@@ -10,9 +10,9 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
-from moejax.corpora import CorpusInfo, load_corpus
-from moejax.errors import UserError
-from moejax.tokenizer import Tokenizer, build_tokenizer
+from moejax.corpora import CORPORA, FORMATS, TEXT_DOCS, CorpusInfo, load_corpus
+from moejax.errors import UserError, check_choice
+from moejax.tokenizer import TOKENIZERS, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +34,38 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _validate(data_cfg: Any) -> tuple[int, int, float, int]:
-  """(batch_size, seq_len, holdout_fraction, split_seed), or a UserError naming the field."""
+def complete(data_cfg: Any) -> Any:
+  """`data_cfg` over DEFAULTS (the one place data.* defaults live): a full ConfigDict."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+
+  values = dict(DEFAULTS)
+  for key, value in dict(data_cfg).items():
+    if key not in DEFAULTS:
+      raise UserError(f"unknown config key data.{key}; allowed: {', '.join(DEFAULTS)}")
+    values[key] = value
+  return ml_collections.ConfigDict(values)
+
+
+def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
+  """(batch_size, seq_len, holdout_fraction, split_seed) of a full data config, or a
+  UserError naming the field; the choices are checked here too, before any loading."""
 
   def integer(name: str, lo: int) -> int:
-    v = data_cfg.get(name, DEFAULTS[name])
+    v = data_cfg[name]
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-      raise UserError(f"data.{name}={v!r}: must be an integer >= {lo}")
+      raise UserError(f"data.{name}={v!r} is not allowed; use an integer >= {lo}")
     return v
 
   batch_size, seq_len = integer("batch_size", 1), integer("seq_len", 2)
   split_seed = integer("split_seed", 0)
-  frac = data_cfg.get("holdout_fraction", DEFAULTS["holdout_fraction"])
+  integer("max_docs", 0)
+  frac = data_cfg["holdout_fraction"]
   if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-    raise UserError(f"data.holdout_fraction={frac!r}: must be a number in (0, 1)")
+    raise UserError(f"data.holdout_fraction={frac!r} is not allowed; use a number in (0, 1)")
+  check_choice("data.corpus", data_cfg["corpus"], CORPORA)
+  check_choice("data.format", data_cfg["format"], FORMATS)
+  check_choice("data.text_docs", data_cfg["text_docs"], TEXT_DOCS)
+  check_choice("data.tokenizer", data_cfg["tokenizer"], TOKENIZERS)
   return batch_size, seq_len, float(frac), split_seed
 
 
@@ -201,7 +219,8 @@ class Data:
 
 def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
   """Load the corpus, split it by document, fit the tokenizer on train docs, pack both streams."""
-  batch_size, seq_len, frac, split_seed = _validate(data_cfg)
+  data_cfg = complete(data_cfg)
+  batch_size, seq_len, frac, split_seed = validate_config(data_cfg)
   docs, info = load_corpus(data_cfg)
   held_N = heldout_mask(docs, frac, split_seed)
   train_docs = [d for d, h in zip(docs, held_N) if not h]
@@ -210,11 +229,11 @@ def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
   train_T = pack(tok.encode_batch(train_docs), tok.eos_id)
   held_T = pack(tok.encode_batch(held_docs), tok.eos_id)
   train_w = windows(train_T, seq_len)
-  if train_w.shape[0] < 1:
+  if train_w.shape[0] < batch_size:
     raise UserError(
-      f"train stream has {len(train_T)} tokens, "
-      f"< one window of data.seq_len+1={seq_len + 1}; "
-      "use more documents or a smaller data.seq_len"
+      f"train stream has {len(train_T)} tokens = {train_w.shape[0]} windows of "
+      f"data.seq_len+1={seq_len + 1}, < one batch of data.batch_size={batch_size}; "
+      "use more documents or a smaller data.seq_len or data.batch_size"
     )
   return Data(
     tokenizer=tok,

@@ -1,6 +1,7 @@
 """`python -m moejax.train --config configs/X.py --workdir DIR [--config.a.b=v ...]`.
 
-Trains from scratch, or resumes from the latest checkpoint in DIR when one exists.
+Trains from scratch, or resumes from the newest readable checkpoint in DIR. SIGTERM or
+Ctrl-C saves a checkpoint at the current step and exits 0; rerun the same command to go on.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ def main() -> int:
   from moejax import trainer  # pylint: disable=import-outside-toplevel  (jax import is slow)
 
   try:
-    trainer.train(_CONFIG.value, _WORKDIR.value)
-  except trainer.Diverged as e:
+    summary = trainer.train(_CONFIG.value, _WORKDIR.value)
+  except (trainer.Diverged, trainer.SaveFailed) as e:
     cli.fail(e, code=1)
+  if summary["stopped_by"]:
+    print(f"stopped by {summary['stopped_by']} at step {summary['step']}; rerun to resume")
+    return 0
   if _CONFIG.value.eval.after_train:
     from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel
 

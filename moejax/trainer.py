@@ -1,32 +1,25 @@
-"""The training loop: build everything from a config, resume, train, evaluate, checkpoint."""
+"""Training setup: build everything from a config, resume, then hand over to moejax.loop."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 
-from moejax import checkpoint, config as config_lib, optim, sharding, step as step_lib, tracking
-from moejax import describe
+from moejax import checkpoint, describe, loop, nonfinite, optim, sharding, stopping, tracking
+from moejax import config as config_lib
+from moejax import step as step_lib
+from moejax import workdir as workdir_lib
 from moejax.data import Data, make_data
 from moejax.errors import UserError
-from moejax.model import Transformer
-
-# Config sections that must match the workdir's config.json to resume.
-FROZEN_SECTIONS = ("model", "data")
-
-
-class Diverged(RuntimeError):
-  """The loss became NaN or inf; the last good checkpoint is kept."""
+from moejax.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)
+from moejax.model import Transformer, is_moe_layer
 
 
 @dataclasses.dataclass
@@ -55,8 +48,8 @@ def count_params(params, moe_cfg) -> tuple[int, int]:
   return total, active
 
 
-def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
-  """Data, model, optimizer state and mesh from a validated config (no checkpoint yet)."""
+def check_config(c: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """The whole config checked before any data loading or compilation; returns the mesh."""
   config_lib.validate(c)
   mesh = sharding.make_mesh(c.mesh)
   if c.data.batch_size % (sharding.data_shards(mesh) * c.train.grad_accum):
@@ -64,7 +57,18 @@ def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
       f"data.batch_size={c.data.batch_size} must divide by mesh data×fsdp "
       f"({sharding.data_shards(mesh)}) × train.grad_accum ({c.train.grad_accum})"
     )
+  return mesh
+
+
+def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
+  """Data, model, optimizer state and mesh from a validated config (no checkpoint yet)."""
+  mesh = check_config(c)
   data = make_data(c.data, seed=c.train.seed, workdir=workdir)
+  if 0 < c.model.vocab_size < data.tokenizer.vocab_size:
+    raise UserError(
+      f"model.vocab_size={c.model.vocab_size} is below the tokenizer's "
+      f"{data.tokenizer.vocab_size}; use 0 (the tokenizer's) or >= {data.tokenizer.vocab_size}"
+    )
   mc = config_lib.model_config(c, data.tokenizer.vocab_size)
   model = Transformer(mc, rngs=nnx.Rngs(c.train.seed))
   graphdef, params, router = step_lib.split_model(model)
@@ -99,59 +103,61 @@ def resolved_config(run: Run) -> dict:
   return out
 
 
-def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
-  """Resuming with a different model or data config would silently change the run."""
-  saved = config_lib.read_saved(workdir)
-  if saved is None:
-    return
-  path = os.path.join(workdir, "config.json")
-  config_lib.check_resolved_rule(saved, c, path)
-  for section in FROZEN_SECTIONS:
-    for key, value in c[section].to_dict().items():
-      if saved.get(section, {}).get(key, value) != value:
-        raise UserError(
-          f"{section}.{key}={value!r} differs from {path} "
-          f"({saved[section][key]!r}); resume with the same value or use a new "
-          f"--workdir"
-        )
+def moe_layers(run: Run) -> list[int]:
+  """Indices of the MoE layers (their router logits are checked every step)."""
+  mc = config_lib.model_config(run.config, run.data.tokenizer.vocab_size)
+  return [i for i in range(mc.n_layers) if is_moe_layer(mc, i)]
 
 
-def truncate_metrics(workdir: str, step: int) -> None:
-  """Drops metric rows past the restored step, so a resumed run does not log twice."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return
-  rows = [line for line in open(path) if line.strip() and json.loads(line)["step"] <= step]
-  with open(path, "w") as f:
-    f.writelines(rows)
+def compile_steps(run: Run):
+  """(jitted guarded train step, jitted eval step)."""
+  c = run.config
+  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  step_fn = nonfinite.guard(
+    step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule),
+    moe_layers(run),
+    c.train.on_nonfinite,
+  )
+  train_step = jax.jit(
+    step_fn, donate_argnums=0, out_shardings=(sharding.state_sharding(run.state, run.mesh), None)
+  )
+  return train_step, jax.jit(step_lib.make_eval_step(run.graphdef))
+
+
+def heldout_loss(run: Run, eval_step, state, n_sequences: int) -> float:
+  """Mean loss over the first `n_sequences` held-out windows (the grid's when
+  `n_sequences = eval.sequences`: same windows, same batches)."""
+  batches = run.data.eval_batches(n_sequences, run.config.eval.batch_size)
+  return loop.mean_loss(step_lib.evaluate_batches(eval_step, state, batches)["loss_N"])
+
+
+def resume(run: Run, workdir: str, it, log):
+  """(manager, start step, state): the newest readable checkpoint, or step 0."""
+  c = run.config
+  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  mngr, restored = checkpoint.restore_latest_good(workdir, mngr, run.state, log)
+  if restored is None:
+    return mngr, 0, run.state
+  start, state, data_state = restored
+  workdir_lib.check_steps(workdir, c, start)
+  it.set_state(data_state)
+  log(f"resumed from {mngr.directory}/{start}")
+  return mngr, start, state
 
 
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
-  """Trains (resuming from the latest checkpoint in `workdir`) and returns a summary."""
-  os.makedirs(workdir, exist_ok=True)
-  check_resume_config(workdir, c)
+  """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
+  t0 = time.time()
+  check_config(c)
+  workdir_lib.prepare(workdir)
+  workdir_lib.check_resume_config(workdir, c)
   run = build(c, workdir)
-  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
   it = run.data.train_iterator()
-  state, start = run.state, 0
-  if mngr.latest_step() is not None:
-    start, state, data_state = checkpoint.restore(mngr, run.state)
-    it.set_state(data_state)
-    truncate_metrics(workdir, start)
-    log(f"resumed from {workdir}/checkpoints/{start}")
+  mngr, start, state = resume(run, workdir, it, log)
+  end = max(c.train.stop_at or c.train.steps, start)  # stop_at below a checkpoint: done
   resolved = resolved_config(run)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(resolved, f, indent=2)
-
-  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
-  state_shardings = sharding.state_sharding(state, run.mesh)
-  train_step = jax.jit(
-    step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule),
-    donate_argnums=0,
-    out_shardings=(state_shardings, None),
-  )
-  eval_step = jax.jit(step_lib.make_eval_step(run.graphdef))
-  eval_batches = run.data.eval_batches(c.train.eval_sequences, c.eval.batch_size)
+  workdir_lib.reset_metrics(workdir, start)
+  workdir_lib.write_config_json(workdir, resolved)
   tracker = tracking.Tracker(
     workdir,
     resolved,
@@ -168,58 +174,63 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   )
   if tracker.note:
     log(tracker.note)
-
-  rng = jax.random.key(c.train.seed)
+  for line in config_lib.warnings(c):
+    log(line)
+  train_step, eval_step = compile_steps(run)
   batch_sharding = sharding.batch_sharding(run.mesh)
-  tokens_per_step = c.data.batch_size * c.data.seq_len
-  bar = _progress(start, c.train.stop_at or c.train.steps, c.train.progress)
-  last_saved, t0, t_last, step_last = start, time.time(), time.time(), start
-  eval_loss = None
-  end = c.train.stop_at or c.train.steps
+  bar = _progress(start, end, c.train.progress)
+  setup = loop.LoopSetup(
+    step_fn=train_step,
+    evaluate=lambda st: heldout_loss(run, eval_step, st, c.train.eval_sequences),
+    next_tokens=lambda: jax.device_put(next(it)["tokens"], batch_sharding),
+    data_state=it.get_state,
+    mngr=mngr,
+    write_row=tracker.log,
+    rng=jax.random.key(c.train.seed),
+    moe_layers=moe_layers(run),
+    policy=c.train.on_nonfinite,
+    max_skips=c.train.max_skips,
+    tokens_per_step=c.data.batch_size * c.data.seq_len,
+    log=log,
+    progress=bar,
+  )
   try:
-    for step in range(start, end):
-      tokens = jax.device_put(next(it)["tokens"], batch_sharding)
-      state, metrics = train_step(state, tokens, jax.random.fold_in(rng, step))
-      done = step + 1
-      is_last = done == end
-      if done % c.train.log_every == 0 or done % c.train.ckpt_every == 0 or is_last:
-        row = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-          raise Diverged(
-            f"loss {row['loss']}, grad norm {row['grad_norm']} at step {done}; stopped. The "
-            f"last good checkpoint is {workdir}/checkpoints/{last_saved}"
-          )
-        now = time.time()
-        row["tokens_per_sec"] = (done - step_last) * tokens_per_step / max(now - t_last, 1e-9)
-        t_last, step_last = now, done
-        if done % c.train.eval_every == 0 or is_last:
-          held_out = step_lib.evaluate_batches(eval_step, state, eval_batches)["loss_N"]
-          eval_loss = row["eval_loss"] = float(np.mean(held_out, dtype=np.float64))
-        if done % c.train.log_every == 0 or is_last:
-          tracker.log({"step": done, **row})
-          bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
-        if done % c.train.ckpt_every == 0 or is_last:
-          checkpoint.save(mngr, done, state, it.get_state())
-          last_saved = done
-      bar.update(1)
-  finally:  # also on Diverged / Ctrl-C: no orbax or wandb threads left behind
+    with stopping.StopRequest().installed() as stop:
+      result = loop.Loop(setup, start, end, c).run(state, stop)
+  finally:  # also on Diverged / errors: no orbax or wandb threads left behind
     bar.close()
     mngr.close()
     tracker.finish()
-  summary = {
+  return _summarize(run, workdir, eval_step, result, start, t0, log)
+
+
+def _summarize(run: Run, workdir: str, eval_step, result: loop.LoopResult, start, t0, log):
+  """The end-of-training held-out loss, on the grid's sequences (eval.sequences)."""
+  c = run.config
+  eval_loss = None
+  if result.stopped_by is None and result.step > start:
+    eval_loss = heldout_loss(run, eval_step, result.state, c.eval.sequences)
+    n = min(c.eval.sequences, run.data.heldout_windows.shape[0])
+    log(
+      f"held-out loss {eval_loss:.3f} nats/token on {n} held-out sequences (eval.sequences: "
+      f"the grid's native k1=K cell uses the same ones) vs unigram baseline "
+      f"{run.data.unigram_entropy:.3f} ({time.time() - t0:.0f} s)"
+    )
+  elif result.step == start and result.stopped_by is None:
+    log(f"already trained to step {start}; nothing to do")
+  if result.skipped:
+    log(f"skipped {result.skipped} non-finite steps (train.on_nonfinite=skip)")
+  log(f"outputs: {workdir}/config.json, {workdir}/metrics.jsonl, {workdir}/checkpoints/")
+  return {
     "workdir": workdir,
     "steps": c.train.steps,
+    "step": result.step,
     "eval_loss": eval_loss,
+    "stopped_by": result.stopped_by,
+    "skipped": result.skipped,
     "unigram_entropy": run.data.unigram_entropy,
     "seconds": time.time() - t0,
   }
-  if eval_loss is not None:
-    log(
-      f"held-out loss {eval_loss:.3f} nats/token vs unigram baseline "
-      f"{run.data.unigram_entropy:.3f} ({time.time() - t0:.0f} s)"
-    )
-  log(f"outputs: {workdir}/config.json, {workdir}/metrics.jsonl, {workdir}/checkpoints/")
-  return summary
 
 
 def _progress(start: int, total: int, enabled: bool):

@@ -108,6 +108,11 @@ def test_quickstart_exits_0(quickstart):
   assert "Traceback" not in proc.stderr
 
 
+def test_warmup_longer_than_the_run_is_reported(quickstart):
+  proc, _ = quickstart
+  assert f"warning: optim.warmup_steps=100 >= train.steps={STEPS}" in proc.stdout, proc.stdout
+
+
 def test_quickstart_config_json(quickstart):
   _, workdir = quickstart
   with open(os.path.join(workdir, "config.json")) as f:
@@ -160,6 +165,20 @@ def bad_cases(tmp: str) -> dict[str, tuple[list[str], list[str]]]:
   missing = os.path.join(tmp, "no_such_dir", "missing.txt")
   workdir = ["--workdir", os.path.join(tmp, "w")]
   files = ["--config.data.corpus=files", "--config.data.format=text"]
+  syntax = os.path.join(tmp, "syntax.py")
+  with open(syntax, "w") as f:
+    f.write("def get_config(:\n")
+  raising = os.path.join(tmp, "raising.py")
+  with open(raising, "w") as f:
+    f.write("def get_config():\n  raise ValueError('no such preset')\n")
+  typo = os.path.join(tmp, "typo.py")
+  with open(typo, "w") as f:
+    f.write(
+      "from moejax import config\n\n\ndef get_config():\n"
+      "  c = config.base_config()\n  c.train.stepz = 5\n  return c\n"
+    )
+  a_file = os.path.join(tmp, "a_file")
+  open(a_file, "w").close()
   return {
     "unknown_key": (["--config.train.nope=1", *workdir], ["train.nope"]),
     "not_an_int": (["--config.train.steps=abc", *workdir], ["train.steps", "abc"]),
@@ -170,6 +189,17 @@ def bad_cases(tmp: str) -> dict[str, tuple[list[str], list[str]]]:
     "top_k_above_n_experts": (["--config.model.moe.top_k=99", *workdir], ["top_k", "99"]),
     "unknown_rule": (["--config.model.moe.rule=nope", *workdir], ["rule", "nope"]),
     "missing_workdir": ([], ["--workdir"]),
+    "config_syntax_error": (["--config", syntax, *workdir], [f"{syntax}:1", "syntax error"]),
+    "config_takes_no_arg": (
+      ["--config", "configs/quickstart.py:foo", *workdir],
+      ["quickstart.py", "takes no argument"],
+    ),
+    "get_config_raises": (["--config", raising, *workdir], [raising, "no such preset"]),
+    "typo_key_in_config_file": (["--config", typo, *workdir], ["train.stepz"]),
+    "optim_b1_above_1": (["--config.optim.b1=1.5", *workdir], ["optim.b1"]),
+    "bad_eval_k2_before_training": (["--config.eval.k2=zz", *workdir], ["eval.k2"]),
+    "workdir_is_a_file": (["--workdir", a_file], [a_file, "is a file"]),
+    "workdir_inside_a_file": (["--workdir", os.path.join(a_file, "run")], [a_file, "is a file"]),
   }
 
 
@@ -183,6 +213,14 @@ CASES = [
   "top_k_above_n_experts",
   "unknown_rule",
   "missing_workdir",
+  "config_syntax_error",
+  "config_takes_no_arg",
+  "get_config_raises",
+  "typo_key_in_config_file",
+  "optim_b1_above_1",
+  "bad_eval_k2_before_training",
+  "workdir_is_a_file",
+  "workdir_inside_a_file",
 ]
 
 
@@ -233,25 +271,27 @@ def test_resume_with_another_d_model_exits_2_and_keeps_checkpoints(quickstart):
   assert snapshot(workdir) == before
 
 
-def test_corrupt_checkpoint_exits_2_and_keeps_the_directory(quickstart, tmp_path):
+def test_no_readable_checkpoint_exits_2_and_keeps_the_directories(quickstart, tmp_path):
+  """Every checkpoint truncated: one line naming each, nothing moved or written. (With an
+  older good one the run resumes from it: tests/test_failures.py.)"""
   _, original = quickstart
   workdir = str(tmp_path / "corrupt")
   shutil.copytree(original, workdir)
-  step_dir = os.path.join(workdir, "checkpoints", str(STEPS))
-  state_files = [
-    os.path.join(root, f)
-    for root, _, files in os.walk(os.path.join(step_dir, "state"))
-    for f in files
-  ]
-  biggest = max(state_files, key=os.path.getsize)  # the array data
-  size = os.path.getsize(biggest)
-  assert size > 1000
-  with open(biggest, "r+b") as f:
-    f.truncate(size // 2)
+  step_dirs = [os.path.join(workdir, "checkpoints", str(s)) for s in (2, STEPS)]
+  for step_dir in step_dirs:
+    state_files = [
+      os.path.join(root, f)
+      for root, _, files in os.walk(os.path.join(step_dir, "state"))
+      for f in files
+    ]
+    biggest = max(state_files, key=os.path.getsize)  # the array data
+    size = os.path.getsize(biggest)
+    assert size > 1000
+    with open(biggest, "r+b") as f:
+      f.truncate(size // 2)
   before = snapshot(workdir)
   proc = run_cli(*RUN_ARGS, "--workdir", workdir)  # rerunning the same command resumes
-  assert_user_error(proc, step_dir)
-  assert os.path.isdir(step_dir)
+  assert_user_error(proc, *step_dirs)
   assert snapshot(workdir) == before
 
 

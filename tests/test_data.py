@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from moejax import corpora, tokenizer
-from moejax.data import heldout_mask, make_data, pack, unigram_entropy, windows
+from moejax.data import complete, heldout_mask, make_data, pack, unigram_entropy, windows
 from moejax.errors import UserError
 
 
@@ -47,7 +47,7 @@ def test_same_seed_same_batches_other_seed_differs():
 
 def test_heldout_docs_disjoint_from_train_docs():
   c = cfg()
-  docs, _ = corpora.load_corpus(c)
+  docs, _ = corpora.load_corpus(complete(c))
   held_N = heldout_mask(docs, 0.1)
   train_set = {d for d, h in zip(docs, held_N) if not h}
   held_set = {d for d, h in zip(docs, held_N) if h}
@@ -282,7 +282,9 @@ def test_user_file_errors_name_the_file(tmp_path, setup, kw, needle):
 @pytest.mark.parametrize(
   "kw, needle",
   [
-    (dict(corpus="wiki"), "data.corpus='wiki': allowed values are stdlib, synthetic, files"),
+    (dict(corpus="wiki"), "data.corpus='wiki' is not allowed; use one of stdlib, synthetic, files"),
+    (dict(synthetic_docs=20, batch_size=10_000), "< one batch of data.batch_size=10000"),
+    (dict(nope=1), "unknown config key data.nope"),
     (dict(tokenizer="sentencepiece"), "data.tokenizer"),
     (dict(tokenizer="bpe", bpe_vocab_size=100), "data.bpe_vocab_size"),
     (dict(batch_size=0), "data.batch_size"),

@@ -1,0 +1,170 @@
+"""The train loop (nanodo's shape): log, eval and checkpoint each fire on their own cadence.
+
+A step's metrics are fetched after the next step has been dispatched, so logging does not
+stall the device; the non-finite flag (moejax.nonfinite) is checked for every step. Steps
+that evaluate or checkpoint fetch at once: their state is needed before the next step
+donates it. The last step does everything; a SIGTERM/SIGINT checkpoints the current step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from moejax import checkpoint, nonfinite
+
+
+class Diverged(RuntimeError):
+  """A non-finite step under `train.on_nonfinite=stop` (or too many skips in a row)."""
+
+
+class SaveFailed(RuntimeError):
+  """Writing a checkpoint failed (e.g. a full disk); earlier checkpoints are intact."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+  """Fires every `every` steps and at the `last` step."""
+
+  every: int
+  last: int
+
+  def due(self, step: int) -> bool:
+    return step % self.every == 0 or step == self.last
+
+
+@dataclasses.dataclass
+class LoopSetup:
+  """What the loop runs: built once by the trainer."""
+
+  step_fn: Callable  # jitted guarded train step (state, tokens, rng) -> (state, metrics)
+  evaluate: Callable[[Any], float]  # state -> held-out loss (train.eval_sequences)
+  next_tokens: Callable[[], jax.Array]  # the next sharded batch
+  data_state: Callable[[], dict]  # the iterator position, checkpointed with the state
+  mngr: Any  # orbax CheckpointManager
+  write_row: Callable[[dict], None]  # metrics.jsonl + wandb
+  rng: jax.Array
+  moe_layers: list[int]
+  policy: str  # train.on_nonfinite
+  max_skips: int
+  tokens_per_step: int
+  log: Callable[[str], None]
+  progress: Any  # tqdm bar
+
+
+@dataclasses.dataclass
+class LoopResult:
+  state: Any
+  step: int  # the last completed step
+  eval_loss: float | None
+  stopped_by: str | None  # the signal that stopped the run early
+  skipped: int
+
+
+class Loop:
+  """State that lives across steps: timers, skip counters, the last saved step."""
+
+  def __init__(self, s: LoopSetup, start: int, end: int, c):
+    self.s, self.start, self.end = s, start, end
+    self.log_c = Cadence(c.train.log_every, end)
+    self.eval_c = Cadence(c.train.eval_every, end)
+    self.ckpt_c = Cadence(c.train.ckpt_every, end)
+    self.last_saved = start if start > 0 else None
+    self.skips_in_row = self.skipped = 0
+    self.t_last, self.step_last = time.time(), start
+    self.eval_loss = None
+
+  def good_checkpoint(self) -> str:
+    if self.last_saved is None:
+      return "no checkpoint was saved before it"
+    return f"the last good checkpoint is {self.s.mngr.directory}/{self.last_saved}"
+
+  def check(self, step: int, host: dict) -> None:
+    """Raises Diverged per the policy when the step's flag is set."""
+    flag = int(host["nonfinite"])
+    if not flag:
+      self.skips_in_row = 0
+      return
+    what = nonfinite.describe(flag, self.s.moe_layers)
+    if self.s.policy == "stop":
+      raise Diverged(
+        f"non-finite {what} at step {step} (train.on_nonfinite=stop); stopped, "
+        f"{self.good_checkpoint()}"
+      )
+    self.skips_in_row += 1
+    self.skipped += 1
+    if self.skips_in_row > self.s.max_skips:
+      raise Diverged(
+        f"non-finite {what} at step {step}: {self.skips_in_row} steps in a row skipped, > "
+        f"train.max_skips={self.s.max_skips}; stopped, {self.good_checkpoint()}"
+      )
+
+  def fetch(self, step: int, metrics: dict, evaluated: bool) -> dict | None:
+    """Host copy of a step's outputs: just the flag, or everything on a logged step."""
+    logged = self.log_c.due(step) or evaluated
+    keys = metrics if logged else ("nonfinite",)
+    host = jax.device_get({k: metrics[k] for k in keys})
+    self.check(step, host)
+    return {k: float(v) for k, v in host.items()} if logged else None
+
+  def row(self, step: int, host: dict) -> dict:
+    now = time.time()
+    host["tokens_per_sec"] = (
+      (step - self.step_last) * self.s.tokens_per_step / max(now - self.t_last, 1e-9)
+    )
+    self.t_last, self.step_last = now, step
+    host.pop("nonfinite")
+    host["skipped_steps"] = float(self.skipped)
+    host.pop("skipped", None)
+    return {"step": step, **host}
+
+  def emit(self, step: int, host: dict | None) -> None:
+    if host is None:
+      return
+    row = self.row(step, host)
+    self.s.write_row(row)
+    self.s.progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
+
+  def save(self, state, step: int) -> None:
+    try:
+      checkpoint.save(self.s.mngr, step, state, self.s.data_state())
+    except Exception as e:  # noqa: BLE001  (orbax may wrap the OSError of a full disk)
+      raise SaveFailed(
+        f"saving checkpoint {self.s.mngr.directory}/{step} failed ({e}); {self.good_checkpoint()}"
+      ) from None
+    self.last_saved = step
+
+  def run(self, state, stop) -> LoopResult:
+    s, pending = self.s, None
+    for i in range(self.start, self.end):
+      state, metrics = s.step_fn(state, s.next_tokens(), jax.random.fold_in(s.rng, i))
+      step = i + 1
+      if pending is not None:  # the previous step's outputs, now that this one is queued
+        self.emit(pending[0], self.fetch(*pending, evaluated=False))
+      pending = None
+      s.progress.update(1)
+      stopping = stop.requested(s.mngr, step)
+      if not (self.eval_c.due(step) or self.ckpt_c.due(step) or stopping):
+        pending = (step, metrics)
+        continue
+      host = self.fetch(step, metrics, evaluated=self.eval_c.due(step))
+      if self.eval_c.due(step):
+        self.eval_loss = host["eval_loss"] = float(s.evaluate(state))
+      self.emit(step, host)
+      if self.ckpt_c.due(step) or stopping:
+        self.save(state, step)
+      if stopping:
+        s.log(f"stopped by {stop.signal_name or 'preemption'} at step {step}; checkpoint saved")
+        return LoopResult(
+          state, step, self.eval_loss, stop.signal_name or "preemption", self.skipped
+        )
+    return LoopResult(state, self.end, self.eval_loss, None, self.skipped)
+
+
+def mean_loss(loss_N: np.ndarray) -> float:
+  return float(np.mean(loss_N, dtype=np.float64))

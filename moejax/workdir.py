@@ -1,0 +1,105 @@
+"""The run directory: checks before training, the resume guards, and the files written.
+
+Every write a run makes outside orbax goes through `write_config_json` and
+`reset_metrics` here (and `tracking.Tracker.log`), so multi-host runs can restrict them to
+process 0 in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import ml_collections
+
+from moejax import config as config_lib
+from moejax.errors import UserError
+
+# Config sections that must match the workdir's config.json to resume.
+FROZEN_SECTIONS = ("model", "data")
+
+
+def prepare(workdir: str) -> None:
+  """Creates `workdir` or a UserError naming it: a file, inside a file, or unwritable."""
+  parent = workdir
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent.rstrip(os.sep))
+  if parent and not os.path.isdir(parent):
+    raise UserError(f"--workdir {workdir}: {parent} is a file, not a directory")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=workdir):
+      pass
+  except OSError as e:
+    raise UserError(f"--workdir {workdir}: not writable ({e.strerror})") from None
+
+
+def _diff(saved: dict, now: dict, prefix: str) -> tuple[str, object, object] | None:
+  """The first (dotted key, saved, now) that differs, recursing into sections."""
+  for key, value in now.items():
+    if key not in saved:
+      continue
+    if isinstance(value, dict) and isinstance(saved[key], dict):
+      found = _diff(saved[key], value, f"{prefix}{key}.")
+      if found:
+        return found
+    elif saved[key] != value:
+      return f"{prefix}{key}", saved[key], value
+  return None
+
+
+def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
+  """Resuming with a different model or data config would silently change the run."""
+  saved = config_lib.read_saved(workdir)
+  if saved is None:
+    return
+  path = os.path.join(workdir, "config.json")
+  config_lib.check_resolved_rule(saved, c, path)
+  for section in FROZEN_SECTIONS:
+    found = _diff(saved.get(section, {}), c[section].to_dict(), f"{section}.")
+    if found:
+      key, old, new = found
+      raise UserError(
+        f"{key}={new!r} differs from {path} ({old!r}); resume with the same value or use a "
+        f"new --workdir"
+      )
+
+
+def check_steps(workdir: str, c: ml_collections.ConfigDict, restored: int) -> None:
+  """train.steps below a checkpoint's step would train nothing and rewrite config.json."""
+  if restored > c.train.steps:
+    raise UserError(
+      f"train.steps={c.train.steps} is below the checkpoint step {restored} in "
+      f"{workdir}/checkpoints; use train.steps >= {restored} or a new --workdir"
+    )
+
+
+def reset_metrics(workdir: str, step: int) -> None:
+  """Keeps the metric rows up to the restored `step` (none without a checkpoint), so a
+  rerun after a kill neither logs a step twice nor appends to a stale file; a line cut
+  by a kill is dropped."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if row["step"] <= step:
+        rows.append(line if line.endswith("\n") else line + "\n")
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(rows)
+  os.replace(tmp, path)
+
+
+def write_config_json(workdir: str, resolved: dict) -> None:
+  """DIR/config.json, written atomically (a kill leaves the old or the new file)."""
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(resolved, f, indent=2)
+  os.replace(path + ".tmp", path)

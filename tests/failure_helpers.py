@@ -1,0 +1,88 @@
+"""Shared tiny configs and helpers for the failure tests (test_failures, test_preemption)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from moejax import config as config_lib
+
+# d_model 32, 2 layers, E 4, seq 16, batch 4 (the issue's tiny config).
+TINY = {
+  "model.n_layers": 2,
+  "model.d_model": 32,
+  "model.d_ff": 64,
+  "model.n_heads": 2,
+  "model.n_kv_heads": 1,
+  "model.moe.n_experts": 4,
+  "model.moe.top_k": 2,
+  "model.moe.d_expert": 32,
+  "data.corpus": "synthetic",
+  "data.synthetic_docs": 200,
+  "data.batch_size": 4,
+  "data.seq_len": 16,
+  "train.steps": 6,
+  "train.log_every": 1,
+  "train.eval_every": 100,
+  "train.ckpt_every": 3,
+  "train.eval_sequences": 4,
+  "train.progress": False,
+  "optim.warmup_steps": 2,
+  "eval.batch_size": 4,
+  "eval.sequences": 8,
+  "wandb.mode": "disabled",
+}
+
+
+def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """A copy of `c` with dotted keys set (each key must exist)."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  for dotted, value in values.items():
+    *parents, leaf = dotted.split(".")
+    node = c
+    for part in parents:
+      node = node[part]
+    assert leaf in node, dotted
+    node[leaf] = value
+  return c
+
+
+def tiny(**values) -> ml_collections.ConfigDict:
+  """base_config() shrunk by TINY, then `values` (dotted keys spelled with `__`)."""
+  extra = {k.replace("__", "."): v for k, v in values.items()}
+  return override(override(config_lib.base_config(), TINY), extra)
+
+
+def cli_args(values: dict) -> list[str]:
+  return [f"--config.{k}={v}" for k, v in values.items()]
+
+
+def metric_rows(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def assert_trees_equal(a, b, what: str) -> None:
+  """Bitwise equality of two pytrees."""
+  la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+  assert [p for p, _ in la] == [p for p, _ in lb], what
+  diff = [
+    jax.tree_util.keystr(p)
+    for (p, x), (_, y) in zip(la, lb)
+    if not np.array_equal(np.asarray(x), np.asarray(y))
+  ]
+  assert not diff, f"{what}: leaves differ: {diff[:8]}"
+
+
+TRAIN_KEYS = ("loss", "lm_loss", "grad_norm", "lr", "moe/aux_loss", "eval_loss")
+
+
+def same_rows(a: list[dict], b: list[dict]) -> None:
+  """Same steps and bitwise the same training metrics (timing excluded)."""
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  for key in TRAIN_KEYS:
+    assert [r.get(key) for r in a] == [r.get(key) for r in b], key
