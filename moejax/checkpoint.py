@@ -23,8 +23,9 @@ from moejax.errors import UserError
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
   """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+  directory = os.path.join(workdir, "checkpoints")
   return ocp.CheckpointManager(
-    os.path.abspath(os.path.join(workdir, "checkpoints")),
+    directory if "://" in directory else os.path.abspath(directory),
     options=options,
     item_names=("state", "data"),
   )

@@ -6,7 +6,6 @@ held-out split and writes DIR/eval/k_grid.{jsonl,md,png} (DESIGN.md §7); see mo
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import flags
@@ -29,6 +28,10 @@ def main() -> int:
   cli.parse_flags(sys.argv)
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
+  from moejax import distributed, runio  # pylint: disable=import-outside-toplevel
+
+  distributed.initialize()  # before any other JAX call; a no-op for a single process
+  main_process = distributed.is_main()
   run_grid(
     _WORKDIR.value,
     step=_STEP.value,
@@ -37,8 +40,10 @@ def main() -> int:
     sequences=_SEQUENCES.value,
     batch_size=_BATCH.value,
     resamples=_RESAMPLES.value,
+    log=print if main_process else (lambda *a, **k: None),
   )
-  print(open(os.path.join(_WORKDIR.value, "eval", "k_grid.md")).read())
+  if main_process:
+    print(runio.read_text(runio.path(_WORKDIR.value, "eval", "k_grid.md")))
   return 0
 
 

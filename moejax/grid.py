@@ -36,7 +36,7 @@ def run_grid(
   log=print,
 ) -> list[dict]:
   """Runs every cell and writes the grid files; returns the rows."""
-  from moejax import checkpoint, grid_report, kgrid, trainer  # pylint: disable=import-outside-toplevel
+  from moejax import checkpoint, distributed, grid_report, kgrid, runio, trainer  # pylint: disable=import-outside-toplevel
 
   c = load_config(workdir)
   c.mesh.data = -1  # evaluate on whatever devices this machine has
@@ -70,32 +70,33 @@ def run_grid(
     dict(kgrid.row(cell, results[cell], ref, resamples=resamples, seed=c.train.seed), step=step)
     for cell in cells
   ]
-  out = os.path.join(workdir, "eval")
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "k_grid.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
+  if not distributed.is_main():  # every process evaluates; process 0 writes
+    return rows
   title = f"{c.model.moe.rule} K={K} E={E} step {step}: Δ loss vs native k1=K"
-  grid_report.write_markdown(rows, os.path.join(out, "k_grid.md"), title=title)
-  grid_report.write_heatmap(rows, os.path.join(out, "k_grid.png"), title=title)
-  _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
+  with runio.local_dir(os.path.join(workdir, "eval")) as out:  # gs://: written on exit
+    runio.write_text(os.path.join(out, "k_grid.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    grid_report.write_markdown(rows, os.path.join(out, "k_grid.md"), title=title)
+    grid_report.write_heatmap(rows, os.path.join(out, "k_grid.png"), title=title)
+    _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
   return rows
 
 
 def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
   """Adds the grid to the training run's wandb (same run id) when wandb is on."""
-  from moejax.tracking import wandb_mode  # pylint: disable=import-outside-toplevel
+  from moejax import runio  # pylint: disable=import-outside-toplevel
+  from moejax.tracking import wandb_dir, wandb_mode  # pylint: disable=import-outside-toplevel
 
-  id_path = os.path.join(workdir, "wandb_run_id")
+  id_path = runio.path(workdir, "wandb_run_id")
   mode = wandb_mode(c.wandb.mode)
-  if mode == "disabled" or not os.path.exists(id_path):
+  if mode == "disabled" or not id_path.exists():
     return
   import wandb  # pylint: disable=import-outside-toplevel
 
   run = wandb.init(
     project=c.wandb.project,
     entity=c.wandb.entity or None,
-    dir=workdir,
-    id=open(id_path).read().strip(),
+    dir=wandb_dir(workdir),
+    id=runio.read_text(id_path).strip(),
     resume="allow",
     mode=mode,
   )

@@ -15,7 +15,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from moejax import checkpoint, config as config_lib, optim, sharding, step as step_lib, tracking
+from moejax import checkpoint, distributed, optim, runio, sharding, tracking
+from moejax import config as config_lib
+from moejax import step as step_lib
 from moejax.data import Data, make_data
 from moejax.errors import UserError
 from moejax.model import Transformer
@@ -112,32 +114,23 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
         )
 
 
-def truncate_metrics(workdir: str, step: int) -> None:
-  """Drops metric rows past the restored step, so a resumed run does not log twice."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return
-  rows = [line for line in open(path) if line.strip() and json.loads(line)["step"] <= step]
-  with open(path, "w") as f:
-    f.writelines(rows)
-
-
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the latest checkpoint in `workdir`) and returns a summary."""
-  os.makedirs(workdir, exist_ok=True)
+  runio.path(workdir).mkdir(parents=True, exist_ok=True)
   check_resume_config(workdir, c)
   run = build(c, workdir)
   mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
-  it = run.data.train_iterator()
+  batch_sharding = sharding.batch_sharding(run.mesh)
+  it = run.data.train_iterator(distributed.process_shard(batch_sharding, c.data.batch_size))
   state, start = run.state, 0
   if mngr.latest_step() is not None:
     start, state, data_state = checkpoint.restore(mngr, run.state)
     it.set_state(data_state)
-    truncate_metrics(workdir, start)
+    tracking.truncate_metrics(workdir, start)
     log(f"resumed from {workdir}/checkpoints/{start}")
   resolved = resolved_config(run)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(resolved, f, indent=2)
+  if distributed.is_main():
+    runio.write_text(runio.path(workdir, "config.json"), json.dumps(resolved, indent=2))
 
   lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   state_shardings = sharding.state_sharding(state, run.mesh)
@@ -166,7 +159,6 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     log(tracker.note)
 
   rng = jax.random.key(c.train.seed)
-  batch_sharding = sharding.batch_sharding(run.mesh)
   tokens_per_step = c.data.batch_size * c.data.seq_len
   bar = _progress(start, c.train.stop_at or c.train.steps, c.train.progress)
   last_saved, t0, t_last, step_last = start, time.time(), time.time(), start
@@ -174,7 +166,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   end = c.train.stop_at or c.train.steps
   try:
     for step in range(start, end):
-      tokens = jax.device_put(next(it)["tokens"], batch_sharding)
+      tokens = distributed.global_batch(next(it)["tokens"], batch_sharding, c.data.batch_size)
       state, metrics = train_step(state, tokens, jax.random.fold_in(rng, step))
       done = step + 1
       is_last = done == end
