@@ -82,7 +82,7 @@ def _env(**extra: str) -> dict:
 def _wait(procs: list[subprocess.Popen], logs: list[str]) -> None:
   for p, log in zip(procs, logs):
     p.wait(timeout=600)
-    assert p.returncode == 0, open(log).read()[-4000:]
+    assert p.returncode == 0, _read(log)[-4000:]
 
 
 def _two_processes(workdir: str, logs: list[str], stop_at: int) -> None:
@@ -110,6 +110,11 @@ def _checkpoint(workdir: str, step: int) -> dict:
     return ck.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
 
 
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
+
+
 def _rows(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -134,7 +139,7 @@ def runs(tmp_path_factory):
     "first_rows": first_rows,
     "rows": _rows(multi),
     "ref_rows": _rows(single),
-    "logs": [open(p).read() for p in logs],
+    "logs": [_read(p) for p in logs],
     "state": _checkpoint(multi, 5),
     "ref_state": _checkpoint(single, 5),
   }
@@ -147,15 +152,15 @@ def test_two_processes_log_once_and_resume(runs):
   p0, p1 = runs["logs"]
   assert "resumed from" in p0 and "model:" in p0
   assert "resumed from" not in p1 and "model:" not in p1  # only process 0 prints
-  config = json.load(open(os.path.join(runs["multi"], "config.json")))
+  config = json.loads(_read(os.path.join(runs["multi"], "config.json")))
   assert config["resolved"]["devices"] == 2
 
 
 def test_bpe_trained_once_and_shared(runs):
   names = os.listdir(os.path.join(runs["multi"], "tokenizer"))
   assert len(names) == 1 and names[0].endswith(".json"), names  # no temporary files left
-  ours = open(os.path.join(runs["multi"], "tokenizer", names[0])).read()
-  ref = open(os.path.join(runs["single"], "tokenizer", names[0])).read()
+  ours = _read(os.path.join(runs["multi"], "tokenizer", names[0]))
+  ref = _read(os.path.join(runs["single"], "tokenizer", names[0]))
   assert ours == ref
 
 
