@@ -29,8 +29,9 @@ def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep, create=True, cleanup_tmp_directories=True
   )
+  directory = os.path.join(workdir, "checkpoints")
   return ocp.CheckpointManager(
-    os.path.abspath(os.path.join(workdir, "checkpoints")),
+    directory if "://" in directory else os.path.abspath(directory),
     options=options,
     item_names=("state", "data"),
   )

@@ -372,12 +372,13 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
 
 def read_saved(workdir: str) -> dict | None:
   """The raw `DIR/config.json` of an earlier run, or None when there is none."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  from moejax import runio  # pylint: disable=import-outside-toplevel
+
+  path = runio.path(workdir, "config.json")
+  if not path.exists():
     return None
   try:
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(runio.read_text(path))
   except (OSError, json.JSONDecodeError) as e:
     raise UserError(f"{path} is unreadable ({e}); fix or remove it") from None
 

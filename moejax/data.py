@@ -116,22 +116,37 @@ def _shuffle_seed(seed: int) -> int:
   return int.from_bytes(digest[:4], "little") >> 1
 
 
-class TrainIterator:
-  """Endless shuffled batches {"tokens": int32 [batch_size, seq_len+1]}; state is JSON-able."""
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """Which rows of every global batch a process loads: block `index` of `count` equal blocks."""
 
-  def __init__(self, windows_NxL: np.ndarray, batch_size: int, seed: int):
-    """Shuffle windows with `seed` (reshuffled every epoch), repeat forever, batch."""
+  index: int = 0
+  count: int = 1
+
+
+class TrainIterator:
+  """Endless shuffled batches {"tokens": int32 [batch_size/count, seq_len+1]}: this shard's
+  rows of each global batch, so the shards of all processes concatenate to the one-process
+  batch. The state (global batches consumed) is JSON-able and the same on every shard."""
+
+  def __init__(self, windows_NxL: np.ndarray, batch_size: int, seed: int, shard: Shard = Shard()):
+    """Shuffle windows with `seed` (reshuffled every epoch), repeat forever, batch; batches of
+    batch_size/count rows, every count-th from `index`, are this shard's global-batch rows."""
     n, width = windows_NxL.shape
+    if not (0 <= shard.index < shard.count and batch_size % shard.count == 0):
+      raise UserError(
+        f"data.batch_size={batch_size} must split into {shard.count} equal process shards"
+      )
     self._meta = {"seed": int(seed), "batch_size": int(batch_size)}
     self._meta.update(n_windows=n, window=width)
     ds = (
       grain.MapDataset.source(windows_NxL)
       .shuffle(seed=_shuffle_seed(seed))
       .repeat()
-      .batch(batch_size, drop_remainder=True)
-      .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8))
+      .batch(batch_size // shard.count, drop_remainder=True)
     )
-    self._it = iter(ds)
+    ds = ds[shard.index :: shard.count]
+    self._it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8)))
 
   def __iter__(self) -> "TrainIterator":
     return self
@@ -175,9 +190,9 @@ class Data:
   n_train_docs: int = 0
   n_heldout_docs: int = 0
 
-  def train_iterator(self) -> TrainIterator:
-    """A fresh iterator at the start of the seeded order."""
-    return TrainIterator(self.train_windows, self.batch_size, self.seed)
+  def train_iterator(self, shard: Shard = Shard()) -> TrainIterator:
+    """A fresh iterator at the start of the seeded order, yielding `shard`'s rows."""
+    return TrainIterator(self.train_windows, self.batch_size, self.seed, shard)
 
   def eval_batches(self, n_sequences: int, batch_size: int) -> list[np.ndarray]:
     """The first `n_sequences` held-out windows in order, as int32 [b, seq_len+1] batches.

@@ -9,7 +9,6 @@ work is done by `moejax.kgrid`.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from absl import flags
 
@@ -36,6 +35,10 @@ def main() -> int:
   cli.parse_flags(sys.argv)
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
+  from moejax import distributed, runio  # pylint: disable=import-outside-toplevel
+
+  distributed.initialize()  # before any other JAX call; a no-op for a single process
+  main_process = distributed.is_main()
   from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
 
   run_grid(
@@ -47,9 +50,11 @@ def main() -> int:
     batch_size=_BATCH.value,
     resamples=_RESAMPLES.value,
     gain_sequences=_GAIN_SEQUENCES.value,
+    log=print if main_process else (lambda *a, **k: None),
   )
-  sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
-  print(Path(_WORKDIR.value, "eval", *sub, "k_grid.md").read_text())
+  if main_process:
+    sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
+    print(runio.read_text(runio.path(_WORKDIR.value, "eval", *sub, "k_grid.md")))
   return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from moejax import runio
 from moejax.errors import UserError
 
 TOKENIZERS = ("byte", "bpe", "hf:PATH")
@@ -91,11 +92,12 @@ class BPETokenizer:
 
   @classmethod
   def load(cls, path: str) -> "BPETokenizer":
-    """Load a tokenizer saved by `save`."""
+    """Load a tokenizer saved by `save` (local or gs:// path)."""
     from tokenizers import Tokenizer as HFTokenizer
 
+    text = runio.read_text(path)
     try:
-      return cls(HFTokenizer.from_file(path), path)
+      return cls(HFTokenizer.from_str(text), path)
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
       why = (str(e).splitlines() or [type(e).__name__])[0][:120]
       msg = f"{path}: not a valid tokenizer file ({why}); delete it to retrain"
@@ -103,10 +105,7 @@ class BPETokenizer:
 
   def save(self, path: str) -> None:
     """Write atomically, so concurrent processes never read a half-written file."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    self._tok.save(tmp)
-    os.replace(tmp, path)
+    runio.write_text(path, self._tok.to_str())
     self.path = path
 
   def encode(self, text: str) -> np.ndarray:
@@ -213,7 +212,8 @@ def build_tokenizer(
   data_cfg: Any, train_docs: Sequence[str], corpus_sha: str, workdir: str | None
 ) -> Tokenizer:
   """Make `data.tokenizer`. A BPE trains on `train_docs` only and is cached in the workdir
-  as tokenizer/<hash>.json (hash of corpus sha, held-out split, vocab size)."""
+  as tokenizer/<hash>.json (hash of corpus sha, held-out split, vocab size). With several
+  processes, process 0 trains and writes it while the others wait, then all load it."""
   kind = data_cfg.get("tokenizer", "byte")
   if kind == "byte":
     return ByteTokenizer()
@@ -227,10 +227,11 @@ def build_tokenizer(
   split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
   if workdir is None:
     return BPETokenizer.train(train_docs, vocab_size)
+  from moejax import distributed  # pylint: disable=import-outside-toplevel  (imports jax)
+
   name = f"{bpe_cache_key(corpus_sha, vocab_size, split)}.json"
-  path = os.path.join(workdir, "tokenizer", name)
-  if os.path.exists(path):
-    return BPETokenizer.load(path)
-  tok = BPETokenizer.train(train_docs, vocab_size)
-  tok.save(path)
-  return tok
+  path = str(runio.path(workdir, "tokenizer", name))
+  if distributed.is_main() and not runio.exists(path):
+    BPETokenizer.train(train_docs, vocab_size).save(path)
+  distributed.barrier(f"moejax-bpe-{name}")
+  return BPETokenizer.load(path)

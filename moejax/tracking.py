@@ -1,4 +1,4 @@
-"""Run tracking: `DIR/metrics.jsonl` always, wandb on process 0 when enabled.
+"""Run tracking on process 0 only: `DIR/metrics.jsonl` always, wandb when enabled.
 
 `wandb.mode=auto` logs online when an API key is configured and offline otherwise (then
 `wandb sync DIR/wandb/offline-run-*` uploads later). The run id is kept in
@@ -15,6 +15,8 @@ import subprocess
 from typing import Any
 
 import jax
+
+from moejax import runio
 
 
 def git_commit() -> str:
@@ -43,6 +45,16 @@ def wandb_mode(mode: str) -> str:
     return "offline"
 
 
+def wandb_dir(workdir: str) -> str:
+  """Where wandb keeps its files: the workdir, or a local folder for a remote (gs://) one."""
+  if not runio.is_remote(workdir):
+    return workdir
+  name = workdir.split("://", 1)[1].strip("/").replace("/", "_")
+  local = os.path.join(os.path.expanduser("~"), ".cache", "moejax", "wandb", name)
+  os.makedirs(local, exist_ok=True)
+  return local
+
+
 def _jsonable(v: Any) -> Any:
   v = float(v) if hasattr(v, "dtype") or isinstance(v, float) else v
   return None if isinstance(v, float) and not math.isfinite(v) else v
@@ -62,16 +74,18 @@ class Tracker:
     name: str = "",
     tags: str = "",
   ):
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = str(runio.path(workdir, "metrics.jsonl"))
     self.run = None
     self.note = ""
+    if jax.process_index() != 0:
+      return
     mode = wandb_mode(mode)
-    if jax.process_index() != 0 or mode == "disabled":
+    if mode == "disabled":
       return
     import wandb  # pylint: disable=import-outside-toplevel
 
-    id_path = os.path.join(workdir, "wandb_run_id")
-    run_id = open(id_path).read().strip() if os.path.exists(id_path) else secrets.token_hex(4)
+    id_path = runio.path(workdir, "wandb_run_id")
+    run_id = runio.read_text(id_path).strip() if id_path.exists() else secrets.token_hex(4)
     self.run = wandb.init(
       project=project,
       entity=entity or None,
@@ -79,23 +93,22 @@ class Tracker:
       tags=[t for t in tags.split(",") if t] or None,
       group=config.get("wandb", {}).get("group") or None,  # a sweep's runs share one group
       config=config,
-      dir=workdir,
+      dir=wandb_dir(workdir),
       id=run_id,
       resume="allow",
       mode=mode,
     )
-    with open(id_path, "w") as f:
-      f.write(run_id)
+    runio.write_text(id_path, run_id)
     if mode == "offline":
-      self.note = f"wandb is offline; upload with: wandb sync {workdir}/wandb/offline-run-*"
+      where = wandb_dir(workdir)
+      self.note = f"wandb is offline; upload with: wandb sync {where}/wandb/offline-run-*"
 
   def log(self, row: dict[str, Any]) -> None:
     """Writes one row (must contain `step`)."""
     if jax.process_index() != 0:
       return
     row = {k: _jsonable(v) for k, v in row.items()}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
+    runio.append_lines(self.path, [json.dumps(row)])
     if self.run is not None:
       self.run.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
 

@@ -23,21 +23,28 @@ def main() -> int:
     cli.fail("--config is required, e.g. --config configs/quickstart.py")
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
-  from moejax import trainer  # pylint: disable=import-outside-toplevel  (jax import is slow)
+  from moejax import distributed  # pylint: disable=import-outside-toplevel  (jax import is slow)
 
+  distributed.initialize()  # before any other JAX call; a no-op for a single process
+  from moejax import runio, trainer  # pylint: disable=import-outside-toplevel
+
+  main_process = distributed.is_main()
+  log = print if main_process else (lambda *a, **k: None)
+  _CONFIG.value.train.progress &= main_process
   try:
-    summary = trainer.train(_CONFIG.value, _WORKDIR.value)
+    summary = trainer.train(_CONFIG.value, _WORKDIR.value, log=log)
   except (trainer.Diverged, trainer.SaveFailed) as e:
     cli.fail(e, code=1)
   if summary["stopped_by"]:
-    print(f"stopped by {summary['stopped_by']} at step {summary['step']}; rerun to resume")
+    log(f"stopped by {summary['stopped_by']} at step {summary['step']}; rerun to resume")
     return 0
   if _CONFIG.value.eval.after_train:
     from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel
 
-    run_grid(_WORKDIR.value)
-    print(open(f"{_WORKDIR.value}/eval/k_grid.md").read())
-    print(f"grid: {_WORKDIR.value}/eval/k_grid.{{jsonl,md,png}}")
+    run_grid(_WORKDIR.value, log=log)
+    if main_process:
+      print(runio.read_text(runio.path(_WORKDIR.value, "eval", "k_grid.md")))
+      print(f"grid: {_WORKDIR.value}/eval/k_grid.{{jsonl,md,png}}")
   return 0
 
 

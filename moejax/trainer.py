@@ -12,7 +12,8 @@ import ml_collections
 import optax
 from flax import nnx
 
-from moejax import checkpoint, describe, loop, nonfinite, optim, sharding, stopping, tracking
+from moejax import checkpoint, describe, distributed, loop, nonfinite, optim, sharding, stopping
+from moejax import tracking
 from moejax import config as config_lib
 from moejax import step as step_lib
 from moejax import workdir as workdir_lib
@@ -152,7 +153,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, c)
   run = build(c, workdir)
-  it = run.data.train_iterator()
+  batch_sharding = sharding.batch_sharding(run.mesh)
+  it = run.data.train_iterator(distributed.process_shard(batch_sharding, c.data.batch_size))
   mngr, start, state = resume(run, workdir, it, log)
   end = max(c.train.stop_at or c.train.steps, start)  # stop_at below a checkpoint: done
   resolved = resolved_config(run)
@@ -177,12 +179,13 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   for line in config_lib.warnings(c):
     log(line)
   train_step, eval_step = compile_steps(run)
-  batch_sharding = sharding.batch_sharding(run.mesh)
   bar = _progress(start, end, c.train.progress)
   setup = loop.LoopSetup(
     step_fn=train_step,
     evaluate=lambda st: heldout_loss(run, eval_step, st, c.train.eval_sequences),
-    next_tokens=lambda: jax.device_put(next(it)["tokens"], batch_sharding),
+    next_tokens=lambda: distributed.global_batch(
+      next(it)["tokens"], batch_sharding, c.data.batch_size
+    ),
     data_state=it.get_state,
     mngr=mngr,
     write_row=tracker.log,

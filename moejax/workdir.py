@@ -1,8 +1,8 @@
 """The run directory: checks before training, the resume guards, and the files written.
 
 Every write a run makes outside orbax goes through `write_config_json` and
-`reset_metrics` here (and `tracking.Tracker.log`), so multi-host runs can restrict them to
-process 0 in one place.
+`reset_metrics` here (and `tracking.Tracker.log`): process 0 only, through `runio`, so a
+gs:// workdir works too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import tempfile
 import ml_collections
 
 from moejax import config as config_lib
+from moejax import distributed, runio
 from moejax.errors import UserError
 
 # Config sections that must match the workdir's config.json to resume.
@@ -22,6 +23,9 @@ FROZEN_SECTIONS = ("model", "data")
 
 def prepare(workdir: str) -> None:
   """Creates `workdir` or a UserError naming it: a file, inside a file, or unwritable."""
+  if runio.is_remote(workdir):  # gs://: object stores have no files-in-the-way or modes
+    runio.path(workdir).mkdir(parents=True, exist_ok=True)
+    return
   parent = workdir
   while parent and not os.path.exists(parent):
     parent = os.path.dirname(parent.rstrip(os.sep))
@@ -78,28 +82,22 @@ def check_steps(workdir: str, c: ml_collections.ConfigDict, restored: int) -> No
 def reset_metrics(workdir: str, step: int) -> None:
   """Keeps the metric rows up to the restored `step` (none without a checkpoint), so a
   rerun after a kill neither logs a step twice nor appends to a stale file; a line cut
-  by a kill is dropped."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  by a kill is dropped. Process 0 only."""
+  path = runio.path(workdir, "metrics.jsonl")
+  if not distributed.is_main() or not path.exists():
     return
   rows = []
-  with open(path) as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if row["step"] <= step:
-        rows.append(line if line.endswith("\n") else line + "\n")
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(rows)
-  os.replace(tmp, path)
+  for line in runio.read_text(path).splitlines():
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if row["step"] <= step:
+      rows.append(line + "\n")
+  runio.write_text(path, "".join(rows))
 
 
 def write_config_json(workdir: str, resolved: dict) -> None:
-  """DIR/config.json, written atomically (a kill leaves the old or the new file)."""
-  path = os.path.join(workdir, "config.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(resolved, f, indent=2)
-  os.replace(path + ".tmp", path)
+  """DIR/config.json, written atomically (a kill leaves the old or the new file); process 0."""
+  if distributed.is_main():
+    runio.write_text(runio.path(workdir, "config.json"), json.dumps(resolved, indent=2))

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 
-from moejax import routing
+from moejax import distributed, routing, runio
 from moejax.config import moe_config
 from moejax.errors import UserError
 from moejax.kgrid import cells as cells_lib
@@ -106,7 +105,8 @@ def run_grid(
     )
     for cell in cells
   ]
-  _write(rows, c, rule, notes, _output_dir(workdir, step), workdir)
+  if distributed.is_main():  # every process evaluates; process 0 writes
+    _write(rows, c, rule, notes, _output_dir(workdir, step), workdir)
   return rows
 
 
@@ -135,16 +135,16 @@ def _run_cells(
   return results, scales
 
 
-def _write(rows: list[dict], c, rule: routing.MergeRule, notes, out: str, workdir: str) -> None:
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "k_grid.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
+def _write(rows: list[dict], c, rule: routing.MergeRule, notes, out_dir: str, workdir: str) -> None:
+  """k_grid.{jsonl,md,png} into `out_dir` (staged locally and uploaded for gs://)."""
   K, E = c.model.moe.top_k, c.model.moe.n_experts
   title = f"{c.model.moe.rule} K={K} E={E} step {rows[0]['step']}: Δ loss vs native k1=K"
   kw = {"title": title, "n_experts": E, "score": rule.score}
-  report.write_markdown(rows, os.path.join(out, "k_grid.md"), notes=notes, **kw)
-  report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
-  _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
+  with runio.local_dir(out_dir) as out:
+    runio.write_text(os.path.join(out, "k_grid.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    report.write_markdown(rows, os.path.join(out, "k_grid.md"), notes=notes, **kw)
+    report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
+    _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
 
 
 WANDB_COLUMNS = (
@@ -155,19 +155,19 @@ WANDB_COLUMNS = (
 
 def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
   """Adds the grid to the training run's wandb (same run id) when wandb is on."""
-  from moejax.tracking import wandb_mode  # pylint: disable=import-outside-toplevel
+  from moejax.tracking import wandb_dir, wandb_mode  # pylint: disable=import-outside-toplevel
 
-  id_path = os.path.join(workdir, "wandb_run_id")
+  id_path = runio.path(workdir, "wandb_run_id")
   mode = wandb_mode(c.wandb.mode)
-  if mode == "disabled" or not os.path.exists(id_path):
+  if mode == "disabled" or not id_path.exists():
     return
   import wandb  # pylint: disable=import-outside-toplevel
 
   run = wandb.init(
     project=c.wandb.project,
     entity=c.wandb.entity or None,
-    dir=workdir,
-    id=Path(id_path).read_text().strip(),
+    dir=wandb_dir(workdir),
+    id=runio.read_text(id_path).strip(),
     resume="allow",
     mode=mode,
   )
