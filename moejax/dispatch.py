@@ -14,7 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 from moejax.grouped import Blocks, grouped_swiglu
 from moejax.permute import take_rows
 
@@ -49,8 +49,7 @@ class Plan(NamedTuple):
 
 def resolve_impl(impl: str) -> str:
   """`auto`: ragged_dot on TPU/GPU, blocked einsums on CPU (ragged_dot densifies there)."""
-  if impl not in IMPLS:
-    raise UserError(f"impl={impl!r} is not allowed; use one of {', '.join(IMPLS)}")
+  check_choice("impl", impl, IMPLS)
   if impl != "auto":
     return impl
   return "blocked" if jax.default_backend() == "cpu" else "ragged"
@@ -310,8 +309,7 @@ def validate_dispatch(
     ("eval_second_expert", eval_second_expert, EVAL_SECOND_EXPERT),
     ("impl", impl, IMPLS),
   ):
-    if value not in allowed:
-      raise UserError(f"{field}={value!r} is not allowed; use one of {', '.join(allowed)}")
+    check_choice(field, value, allowed)
   for field, value in (
     ("capacity_factor", capacity_factor),
     ("eval_capacity_factor", eval_capacity_factor),

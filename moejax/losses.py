@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
 # f_i = assignments to i over all counted assignments (Σf = 1: Megatron, MegaBlocks,
@@ -51,15 +51,10 @@ def accuracy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
   return (jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL).astype(jnp.float32)
 
 
-def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
-  if value not in allowed:
-    raise UserError(f"{name}={value!r} is not allowed; use one of {', '.join(allowed)}")
-
-
 def balance_assignments(experts_BxLxK: jax.Array, n_experts: int, choices: str) -> jax.Array:
   """0/1 per token and expert of the choices the balance loss counts (`loss.balance_choices`):
   all K selected experts, or only the top-1 (GShard's lingvo `top2_gating` density_1)."""
-  _check("loss.balance_choices", choices, BALANCE_CHOICES)
+  check_choice("loss.balance_choices", choices, BALANCE_CHOICES)
   e_BxLxK = experts_BxLxK[..., :1] if choices == "top1" else experts_BxLxK
   return jax.nn.one_hot(e_BxLxK, n_experts, dtype=jnp.float32).sum(-2)
 
@@ -67,7 +62,7 @@ def balance_assignments(experts_BxLxK: jax.Array, n_experts: int, choices: str) 
 def balance_fractions(counts_E: jax.Array, n_tokens: int | jax.Array, convention: str) -> jax.Array:
   """f_i from assignment counts (last axis E): over all counted assignments (`fraction`,
   Σf = 1) or over the `n_tokens` tokens they come from (`count`, Σf = choices per token)."""
-  _check("loss.balance_convention", convention, BALANCE_CONVENTIONS)
+  check_choice("loss.balance_convention", convention, BALANCE_CONVENTIONS)
   counts_E = jax.lax.stop_gradient(counts_E).astype(jnp.float32)
   denom = counts_E.sum(-1, keepdims=True) if convention == "fraction" else n_tokens
   return counts_E / jnp.maximum(denom, 1.0)
@@ -105,7 +100,7 @@ def load_balance_loss(
   """
   if granularity not in GRANULARITIES:
     raise UserError(f"granularity: got {granularity!r}, allowed {', '.join(GRANULARITIES)}")
-  _check("loss.balance_convention", convention, BALANCE_CONVENTIONS)
+  check_choice("loss.balance_convention", convention, BALANCE_CONVENTIONS)
   if probs_BxLxE.ndim != 3 or probs_BxLxE.shape != assign_BxLxE.shape:
     raise UserError(
       f"assign_BxLxE: shape {assign_BxLxE.shape} must equal probs_BxLxE "

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 from moejax.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
 from moejax.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 
@@ -60,8 +60,7 @@ class ModelConfig:
       raise UserError(
         f"model.head_dim={self.resolved_head_dim} is not allowed; RoPE needs an even head_dim"
       )
-    if self.dtype not in DTYPES:
-      raise UserError(f"model.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+    check_choice("model.dtype", self.dtype, DTYPES)
     if self.qk_norm_scope not in QK_NORM_SCOPES:
       raise UserError(
         f"model.qk_norm_scope={self.qk_norm_scope!r} is not allowed; "

@@ -15,7 +15,7 @@ from flax import nnx
 
 from moejax import dispatch as dsp
 from moejax import routing
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 from moejax.layers import DTYPES, DenseFFN, init_normal
 
 
@@ -95,8 +95,7 @@ class MoEConfig:
       raise UserError(
         f"moe.expert_init_std={self.expert_init_std} is not allowed; use 0 (init_std) or > 0"
       )
-    if self.dtype not in DTYPES:
-      raise UserError(f"moe.dtype={self.dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+    check_choice("moe.dtype", self.dtype, DTYPES)
     if not 1 <= self.top_k <= self.n_experts:
       raise UserError(
         f"moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= n_experts={self.n_experts}"

@@ -13,18 +13,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 
 SCORES = ("softmax", "sigmoid")
 NORMS = ("none", "sum", "lp")
 SHARED = ("none", "unit", "sigmoid", "kplus1")
 GROUP_SCORES = ("max", "top2_sum")
 KEY = "model.moe"  # error messages name the config key of each rule field
-
-
-def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
-  if value not in allowed:
-    raise UserError(f"{field}={value!r} is not allowed; use one of {', '.join(allowed)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +37,14 @@ class MergeRule:
   group_score: str = "max"
 
   def __post_init__(self):
-    _check_choice(f"{KEY}.score", self.score, SCORES)
-    _check_choice(f"{KEY}.norm", self.norm, NORMS)
-    _check_choice(f"{KEY}.shared", self.shared, SHARED)
-    _check_choice(f"{KEY}.group_score", self.group_score, GROUP_SCORES)
+    check_choice(f"{KEY}.score", self.score, SCORES)
+    check_choice(f"{KEY}.norm", self.norm, NORMS)
+    check_choice(f"{KEY}.shared", self.shared, SHARED)
+    check_choice(f"{KEY}.group_score", self.group_score, GROUP_SCORES)
     if not self.lp > 0:
       raise UserError(f"{KEY}.lp={self.lp} is not allowed; the lp norm needs p > 0")
     if isinstance(self.scale, str):
-      _check_choice(f"{KEY}.scale", self.scale, ("k",))
+      check_choice(f"{KEY}.scale", self.scale, ("k",))
     elif not self.scale > 0:
       raise UserError(f"{KEY}.scale={self.scale} is not allowed; use a float > 0 or 'k'")
     if self.n_groups < 1:

@@ -17,7 +17,7 @@ import optax
 from flax import nnx
 
 from moejax import losses
-from moejax.errors import UserError
+from moejax.errors import check_choice
 from moejax.moe import Diagnostics, MoEBlock, RouterBias, RouterOut
 
 State = dict[str, Any]  # {"step", "params", "router", "opt_state"}
@@ -41,10 +41,7 @@ class LossConfig:
       ("balance_convention", losses.BALANCE_CONVENTIONS),
       ("balance_choices", losses.BALANCE_CHOICES),
     ):
-      if getattr(self, name) not in allowed:
-        raise UserError(
-          f"loss.{name}={getattr(self, name)!r} is not allowed; use one of {', '.join(allowed)}"
-        )
+      check_choice(f"loss.{name}", getattr(self, name), allowed)
 
   @classmethod
   def from_config(cls, c, *, n_shards: int) -> "LossConfig":
