@@ -21,6 +21,7 @@ from wandb_workspaces import expr
 
 from launch import spec
 from moejax.errors import UserError
+from moejax.kgrid.cells import LABELS, QUARTER_PREFIX
 
 RULE_KEY = "model.moe.rule"
 LOSS = "eval_loss"
@@ -63,8 +64,16 @@ def grid_panels() -> list:
 
 
 def comparison_panels() -> list:
-  """Every run's grid rows in one table (grouped by rule); read the rows with k1 = K/4."""
-  return [wr.WeavePanelSummaryTable(table_name=GRID_TABLE)]
+  """Δ at k1 = K/4 per k2 label, bars per rule (mean over its runs, stderr), then every
+  run's grid rows in one table."""
+  bars = wr.BarPlot(
+    title="Δ loss at k1 = K/4 by k2 (mean over the rule's runs)",
+    metrics=[QUARTER_PREFIX + label for label in LABELS],
+    orientation="v",
+    groupby_aggfunc="mean",
+    groupby_rangefunc="stderr",
+  )
+  return [bars, wr.WeavePanelSummaryTable(table_name=GRID_TABLE)]
 
 
 def workspace(sweep: spec.Sweep, entity: str, project: str) -> ws.Workspace:
@@ -112,7 +121,7 @@ def report(sweep: spec.Sweep, entity: str, project: str) -> wr.Report:
       wr.H2("k1:k2 grid of each run"),
       grid(grid_panels(), grouped=False),
       wr.H2("Δ at k1 = K/4 per rule and k2"),
-      wr.P("Rows of every run's grid; filter the table to k1 = K/4 and compare delta by k2."),
+      wr.P("Bars: mean Δ (stderr) over each rule's runs, per k2 label; table: every grid row."),
       grid(comparison_panels()),
     ],
   )

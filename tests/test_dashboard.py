@@ -66,7 +66,10 @@ def test_grid_panels_and_report_comparison(written):
     assert rs["filters"] == "Metric(\"Group\") == 'example'"
   by_rule = [g["runsets"][0]["groupby"] == ["config.model.moe.rule"] for g in grids]
   assert by_rule == [True, True, False, True]  # per-run grids stay ungrouped
-  assert grids[3]["panels"][0]["table_name"] == "eval/k_grid"
+  bars, table = grids[3]["panels"]
+  expected = [f"eval/delta_k1_quarter/{k2}" for k2 in "native k1 K 2K 4K E sqrt gain".split()]
+  assert [m if isinstance(m, str) else m["name"] for m in bars["metrics"]] == expected
+  assert table["table_name"] == "eval/k_grid"
   assert grids[2]["panels"][1]["media_keys"] == ["eval/k_grid_heatmap"]
 
 

@@ -876,3 +876,26 @@ def test_train_cli_runs_grid_after_training(trained, compile_cache, cli_default,
   assert "Traceback" not in res.stderr
   rows = [json.loads(l) for l in read(os.path.join(workdir, "eval", "k_grid.jsonl")).splitlines()]
   assert rows == cli_default[1]
+
+
+def test_quarter_summary_labels_cells_the_same_way_in_every_run():
+  """K=8, E=64: k1 = K/4 = 2; k2 = 2 is `k1`, 8 `K`, 16 `2K`, 32 `4K`, 64 `E`, 12 stays 12."""
+  rows = [
+    {"k1": 2, "k2": k2, "delta": float(i)}
+    for i, k2 in enumerate(["native", 2, 8, 16, 32, 64, 12, "sqrt", "gain"])
+  ]
+  rows.append({"k1": 4, "k2": 8, "delta": 9.0})  # another k1: left out
+  got = kcells.quarter_summary(rows, K=8, E=64)
+  p = "eval/delta_k1_quarter/"
+  assert got == {
+    p + "native": 0.0,
+    p + "k1": 1.0,
+    p + "K": 2.0,
+    p + "2K": 3.0,
+    p + "4K": 4.0,
+    p + "E": 5.0,
+    p + "12": 6.0,
+    p + "sqrt": 7.0,
+    p + "gain": 8.0,
+  }
+  assert kcells.relative_label(1, 1, K=1, E=4) == "k1"  # K = 1: k1 = K = 1, `k1` first

@@ -23,6 +23,29 @@ DEFAULT_K2 = "native,k1,K,2K,E"  # DESIGN.md §7
 
 Cell = tuple[int, int | str]  # (k1, k2): k2 an int, "native", "sqrt" or "gain"
 
+# wandb summary scalars of the cells at k1 = K/4, one per k2 label (the dashboards' bar chart
+# compares them across rules): `eval/delta_k1_quarter/<label>`.
+QUARTER_PREFIX = "eval/delta_k1_quarter/"
+
+
+def relative_label(k1: int, k2: int | str, K: int, E: int) -> str:
+  """The k2 of a cell as a label that means the same thing in every run: the first of
+  LABELS that resolves to it (`k1` before `K`, ...), else the integer as text."""
+  if isinstance(k2, str):
+    return k2
+  for label, fn in NAMED_K2.items():
+    if fn(k1, K, E) == k2:
+      return label
+  return str(k2)
+
+
+def quarter_summary(rows: list[dict], K: int, E: int) -> dict[str, float]:
+  """{QUARTER_PREFIX + label: delta} for the rows at k1 = max(1, K // 4)."""
+  k1 = max(1, K // 4)
+  return {
+    QUARTER_PREFIX + relative_label(k1, r["k2"], K, E): r["delta"] for r in rows if r["k1"] == k1
+  }
+
 
 def default_k1(K: int) -> list[int]:
   """K, K/2, K/4, ..., 1."""

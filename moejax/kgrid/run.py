@@ -177,4 +177,6 @@ def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
     data.append([flat[name] for name in WANDB_COLUMNS])
   table = wandb.Table(columns=list(WANDB_COLUMNS), data=data)
   run.log({"eval/k_grid": table, "eval/k_grid_heatmap": wandb.Image(png)})
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  run.summary.update(cells_lib.quarter_summary(rows, K, E))
   run.finish()
