@@ -28,11 +28,11 @@ from moejax.hf.exporter import export_run
 from moejax.hf.importer import import_checkpoint
 
 V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
-COMMON = dict(
-  vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=4,
-  num_key_value_heads=2, num_experts_per_tok=K, max_position_embeddings=64,
-  eos_token_id=1, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
-)  # fmt: skip
+COMMON = {
+  "vocab_size": V, "hidden_size": D, "num_hidden_layers": L, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "num_experts_per_tok": K, "max_position_embeddings": 64,
+  "eos_token_id": 1, "bos_token_id": None, "pad_token_id": None, "tie_word_embeddings": False,
+}  # fmt: skip
 CONFIGS = {
   "olmoe": lambda: transformers.OlmoeConfig(
     **COMMON, intermediate_size=16, num_experts=E, rms_norm_eps=1e-5, rope_theta=500.0
@@ -119,13 +119,17 @@ def imported(tmp_path_factory):
     src = root / f"{fam}_hf"
     model.save_pretrained(src)
     write_tokenizer(src)
-    opts = dict(text=str(text), text_docs="paragraph", seq_len=16, sequences=8, batch_size=4,
-                holdout_fraction=0.3, progress=False)  # fmt: skip
+    opts = {"text": str(text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8, "batch_size": 4,
+                "holdout_fraction": 0.3, "progress": False}  # fmt: skip
     run = root / f"{fam}_run"
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
     c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
-    mc = config_lib.model_config(c, V)
-    out[fam] = (model, run, jitted(runstate.load_model(str(run), c, mc)), src)
+    out[fam] = (
+      model,
+      run,
+      jitted(runstate.load_model(str(run), config_lib.model_config(c, V))),
+      src,
+    )
   return out
 
 
@@ -175,7 +179,7 @@ def test_export_native_run(tmp_path, tokens):
   c.model.update(vocab_size=V, d_model=D, n_layers=L, n_heads=4, n_kv_heads=2, d_ff=0)
   c.model.moe.update(n_experts=E, top_k=K, d_expert=16)
   mc = config_lib.model_config(c, V)
-  _, state = runstate.abstract(c, mc)
+  _, state = runstate.abstract(mc)
   rng = np.random.default_rng(1)
   arrays = {
     p: (0.2 * rng.standard_normal(s)).astype(np.float32) for p, s in runstate.shapes(state).items()
@@ -185,7 +189,7 @@ def test_export_native_run(tmp_path, tokens):
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
   export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
   back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
-  got = jitted(runstate.load_model(str(run), c, mc))(tokens)
+  got = jitted(runstate.load_model(str(run), mc))(tokens)
   np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), got, atol=1e-4)
   c.model.moe.rule = "olmo"  # α = K: no family scales its routed weights
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
@@ -229,7 +233,7 @@ def test_grid_on_imported_model(imported):
   """`moejax.evaluate`'s grid runs on an imported model; its native K loss is transformers'
   cross-entropy on the same held-out windows."""
   from moejax.data import make_data
-  from moejax.grid import run_grid
+  from moejax.kgrid import run_grid
 
   hf, run, _, _ = imported["olmoe"]
   rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
