@@ -16,6 +16,7 @@ import ml_collections
 from moejax import config as config_lib
 from moejax import distributed, runio
 from moejax.errors import UserError
+from moejax.hf import guard as hf_guard
 
 # Config sections that must match the workdir's config.json to resume.
 FROZEN_SECTIONS = ("model", "data")
@@ -59,6 +60,7 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   if saved is None:
     return
   path = os.path.join(workdir, "config.json")
+  hf_guard.refuse_training(saved, path)  # an imported checkpoint holds no optimizer state
   config_lib.check_resolved_rule(saved, c, path)
   for section in FROZEN_SECTIONS:
     found = _diff(saved.get(section, {}), c[section].to_dict(), f"{section}.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import glob
+import json
 import os
 import shutil
 
@@ -21,8 +22,9 @@ from failure_helpers import assert_trees_equal, metric_rows, override, same_rows
 from jax.experimental.compilation_cache import compilation_cache
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from moejax import checkpoint, grid, loop, nonfinite, trainer
+from moejax import checkpoint, kgrid, loop, nonfinite, trainer
 from moejax import workdir as workdir_lib
+from moejax.config import base_config
 from moejax.errors import UserError
 
 STEPS, LOG, EVAL, CKPT = 12, 5, 7, 4
@@ -120,7 +122,7 @@ def test_same_config_and_seed_is_bitwise_identical_and_stale_metrics_are_dropped
 
 def test_final_heldout_loss_is_the_grids_native_cell(reference):
   workdir, summary, log, _ = reference
-  rows = grid.run_grid(workdir, k1="2", k2="native", resamples=1000, log=Log())
+  rows = kgrid.run_grid(workdir, k1="2", k2="native", resamples=1000, log=Log())
   (native,) = [r for r in rows if r["k1"] == 2 and r["k2"] == "native"]
   assert native["loss"] == pytest.approx(summary["eval_loss"], rel=1e-6, abs=1e-6)
   assert any("held-out loss" in line and "eval.sequences" in line for line in log), log
@@ -154,7 +156,7 @@ def test_no_readable_checkpoint_is_a_clear_error_naming_each(reference, tmp_path
   for step_dir in bad:
     assert step_dir in message and os.path.isdir(step_dir)  # named, nothing moved
   with pytest.raises(UserError) as info:  # the evaluator's --step names it the same way
-    grid.run_grid(workdir, step=CKPT, k1="2", k2="native", log=Log())
+    kgrid.run_grid(workdir, step=CKPT, k1="2", k2="native", log=Log())
   assert f"checkpoint {workdir}/checkpoints/{CKPT} is unreadable" in str(info.value)
 
 
@@ -305,3 +307,13 @@ def test_divergence_before_any_checkpoint_names_none():
   message = str(info.value)
   assert "non-finite loss at step 3" in message and "no checkpoint was saved" in message
   assert "checkpoints/" not in message
+
+
+def test_training_on_an_imported_run_is_refused(tmp_path):
+  """A run written by `moejax.hf import` (resolved.hf_import) is for evaluation and export:
+  the resume guard refuses it before anything is built or written."""
+  saved = base_config().to_dict()
+  saved["resolved"] = {"hf_import": {"source": "allenai/OLMoE-1B-7B-0924"}}
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(UserError, match="imported from allenai/OLMoE-1B-7B-0924.*not training"):
+    workdir_lib.check_resume_config(str(tmp_path), base_config())

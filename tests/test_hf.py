@@ -6,7 +6,6 @@ logits must equal transformers' within 1e-4 in float32, at the native k and at a
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -28,11 +27,11 @@ from moejax.hf.exporter import export_run
 from moejax.hf.importer import import_checkpoint
 
 V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
-COMMON = dict(
-  vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=4,
-  num_key_value_heads=2, num_experts_per_tok=K, max_position_embeddings=64,
-  eos_token_id=1, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
-)  # fmt: skip
+COMMON = {
+  "vocab_size": V, "hidden_size": D, "num_hidden_layers": L, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "num_experts_per_tok": K, "max_position_embeddings": 64,
+  "eos_token_id": 1, "bos_token_id": None, "pad_token_id": None, "tie_word_embeddings": False,
+}  # fmt: skip
 CONFIGS = {
   "olmoe": lambda: transformers.OlmoeConfig(
     **COMMON, intermediate_size=16, num_experts=E, rms_norm_eps=1e-5, rope_theta=500.0
@@ -89,15 +88,17 @@ def hf_logits(model, tokens: np.ndarray, k: int) -> np.ndarray:
   return out
 
 
-def jitted(model):
-  """model(tokens, k=, k2=) logits, compiled once per (k, k2)."""
+def compiled(model, k1=None, k2=None):
+  """tokens → (logits at native K, logits at k1 with k2): one compilation for both."""
   graphdef, state = nnx.split(model)
 
-  @functools.partial(jax.jit, static_argnames=("k", "k2"))
-  def run(state, tokens, k=None, k2=None):
-    return nnx.merge(graphdef, state)(tokens, k=k, k2=k2)[0]
+  @jax.jit
+  def run(state, tokens):
+    m = nnx.merge(graphdef, state)
+    native = m(tokens)[0]
+    return native, (m(tokens, k=k1, k2=k2)[0] if k1 else native)
 
-  return lambda tokens, k=None, k2=None: np.asarray(run(state, tokens, k=k, k2=k2))
+  return lambda tokens: tuple(np.asarray(x) for x in run(state, tokens))
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +120,13 @@ def imported(tmp_path_factory):
     src = root / f"{fam}_hf"
     model.save_pretrained(src)
     write_tokenizer(src)
-    opts = dict(text=str(text), text_docs="paragraph", seq_len=16, sequences=8, batch_size=4,
-                holdout_fraction=0.3, progress=False)  # fmt: skip
+    opts = {"text": str(text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8,
+            "batch_size": 4, "holdout_fraction": 0.3, "progress": False}  # fmt: skip
     run = root / f"{fam}_run"
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
     c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
-    mc = config_lib.model_config(c, V)
-    out[fam] = (model, run, jitted(runstate.load_model(str(run), c, mc)), src)
+    mj = runstate.load_model(str(run), config_lib.model_config(c, V))
+    out[fam] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
   return out
 
 
@@ -133,13 +134,12 @@ def imported(tmp_path_factory):
 def test_import_matches_transformers(imported, tokens, fam):
   """Native K, and k1 = K/2 with the family's own normalization (k2 = k1 when it renormalizes)."""
   hf, _, mj, _ = imported[fam]
+  got, got1 = mj(tokens)
   ref = hf_logits(hf, tokens, K)
-  got = mj(tokens)
   assert np.abs(ref).max() > 1.0  # the logits are far from uniform: the check can fail
   np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
   ref1 = hf_logits(hf, tokens, K1)
   assert np.abs(ref1 - ref).max() > 1e-2  # k1 changes the output
-  got1 = mj(tokens, k=K1, k2=K1 if RENORM[fam] else None)
   np.testing.assert_allclose(got1, ref1, atol=1e-4, rtol=0)
 
 
@@ -175,7 +175,7 @@ def test_export_native_run(tmp_path, tokens):
   c.model.update(vocab_size=V, d_model=D, n_layers=L, n_heads=4, n_kv_heads=2, d_ff=0)
   c.model.moe.update(n_experts=E, top_k=K, d_expert=16)
   mc = config_lib.model_config(c, V)
-  _, state = runstate.abstract(c, mc)
+  _, state = runstate.abstract(mc)
   rng = np.random.default_rng(1)
   arrays = {
     p: (0.2 * rng.standard_normal(s)).astype(np.float32) for p, s in runstate.shapes(state).items()
@@ -185,7 +185,7 @@ def test_export_native_run(tmp_path, tokens):
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
   export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
   back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
-  got = jitted(runstate.load_model(str(run), c, mc))(tokens)
+  got = compiled(runstate.load_model(str(run), mc))(tokens)[0]
   np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), got, atol=1e-4)
   c.model.moe.rule = "olmo"  # α = K: no family scales its routed weights
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
@@ -243,4 +243,31 @@ def test_grid_on_imported_model(imported):
   native = next(r for r in rows if (r["k1"], r["k2"]) == (4, "native"))
   assert native["n_sequences"] == w.shape[0] and native["delta"] == 0.0
   assert native["loss"] == pytest.approx(ce, abs=1e-4)
-  assert os.path.exists(run / "eval" / "k_grid.md")
+  text = str(run.parent / "heldout.txt")  # the user's held-out choice, recorded in the grid
+  assert native["heldout"] == {
+    "corpus": "files",
+    "paths": text,
+    "tokenizer": c.data.tokenizer,
+    "holdout_fraction": 0.3,
+    "sequences": w.shape[0],
+    "tokens": w.shape[0] * 16,
+    "windows_available": len(data.heldout_windows),
+  }
+  md = (run / "eval" / "k_grid.md").read_text()
+  assert f"Held-out data: files ({text}), tokenizer {c.data.tokenizer}" in md
+  assert f"{w.shape[0]} sequences ({len(data.heldout_windows)} available)" in md
+
+
+def test_imported_run_is_for_evaluation_only(imported):
+  """The checkpoint holds step, params and router biases only (no optimizer moments), and
+  training on it is refused in one line naming the run."""
+  from moejax.hf import guard
+
+  _, run, _, src = imported["mixtral"]
+  meta = json.loads((run / "checkpoints" / "0" / "state" / "_METADATA").read_text())
+  tops = {key.split("'")[1] for key in meta["tree_metadata"]}  # "('params', 'embed', ...)"
+  assert tops == {"step", "params", "router"}
+  saved = json.loads((run / "config.json").read_text())
+  with pytest.raises(UserError, match=f"imported from {src}: imported runs are for evaluation"):
+    guard.refuse_training(saved, str(run / "config.json"))
+  guard.refuse_training({k: v for k, v in saved.items() if k != "resolved"}, "trained")

@@ -91,7 +91,7 @@ def export_run(workdir: str, out: str, step: int | None = None, log=print) -> di
   mc = config_lib.model_config(c, vocab)
   eos = resolved.get("data", {}).get("tokenizer", {}).get("eos_id")
   hf = hfconfig.to_hf(c, fam, vocab, eos)
-  _, state = runstate.abstract(c, mc)
+  _, state = runstate.abstract(mc)
   params = runstate.restore_params(workdir, state, step)
   os.makedirs(out, exist_ok=True)
   named = [(s.hf, s.to_hf(params)) for s in tensors.specs(mc, fam)]

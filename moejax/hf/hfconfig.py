@@ -36,32 +36,32 @@ def to_moejax(hf: dict, fam: fl.Family, where: str) -> dict[str, Any]:
   first_dense, moe_every = fl.placement(fl.moe_layers(fam, hf, L), L, where)
   all_moe = (first_dense, moe_every) == (0, 1)
   renorm = fam.always_renorm or bool(hf.get("norm_topk_prob", False))
-  moe = dict(
-    rule=fl.rule_name(fam, fam.shared, renorm),
-    n_experts=get(fam.n_experts_key),
-    top_k=get("num_experts_per_tok"),
-    d_expert=get(fam.d_expert_key),
-    d_shared=get("shared_expert_intermediate_size") if fam.shared else 0,
-    dispatch="dropless",
-  )
-  return dict(
-    vocab_size=get("vocab_size"),
-    d_model=d,
-    n_layers=L,
-    n_heads=H,
-    n_kv_heads=hf.get("num_key_value_heads") or H,
-    head_dim=head_dim,
-    d_ff=0 if all_moe else get("intermediate_size"),
-    qk_norm=fam.qk_norm_scope is not None,
-    qk_norm_scope=fam.qk_norm_scope or "head",
-    qkv_bias=bias,
-    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-    rope_theta=fl.rope_theta(hf, where),
-    norm_eps=float(get("rms_norm_eps")),
-    moe_every=moe_every,
-    first_dense=first_dense,
-    moe=moe,
-  )
+  moe = {
+    "rule": fl.rule_name(fam, fam.shared, renorm),
+    "n_experts": get(fam.n_experts_key),
+    "top_k": get("num_experts_per_tok"),
+    "d_expert": get(fam.d_expert_key),
+    "d_shared": get("shared_expert_intermediate_size") if fam.shared else 0,
+    "dispatch": "dropless",
+  }
+  return {
+    "vocab_size": get("vocab_size"),
+    "d_model": d,
+    "n_layers": L,
+    "n_heads": H,
+    "n_kv_heads": hf.get("num_key_value_heads") or H,
+    "head_dim": head_dim,
+    "d_ff": 0 if all_moe else get("intermediate_size"),
+    "qk_norm": fam.qk_norm_scope is not None,
+    "qk_norm_scope": fam.qk_norm_scope or "head",
+    "qkv_bias": bias,
+    "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    "rope_theta": fl.rope_theta(hf, where),
+    "norm_eps": float(get("rms_norm_eps")),
+    "moe_every": moe_every,
+    "first_dense": first_dense,
+    "moe": moe,
+  }
 
 
 def _refuse(field: str, value: Any, why: str) -> None:

@@ -159,7 +159,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   if tok.vocab_size > mc.vocab_size:
     raise UserError(f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {mc.vocab_size}")
   by_name = plan(mc, fam, tensor_index(files), mc.tie_embeddings)
-  _, state = runstate.abstract(c, mc)
+  _, state = runstate.abstract(mc)
   arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
   stream(files, by_name, arrays, progress=opts.get("progress", True))
   runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})

@@ -92,6 +92,16 @@ def _fmt(x, spec: str) -> str:
   return format(float(x), spec)
 
 
+def heldout_line(h: dict) -> str:
+  """`Held-out data: ...`: corpus (and files), tokenizer, sequences and tokens scored."""
+  corpus = f"{h['corpus']} ({h['paths']})" if h.get("paths") else h["corpus"]
+  return (
+    f"Held-out data: {corpus}, tokenizer {h['tokenizer']}, holdout_fraction "
+    f"{h['holdout_fraction']}: {h['sequences']} sequences ({h['windows_available']} available), "
+    f"{h['tokens']:,} tokens scored."
+  )
+
+
 def write_markdown(
   rows: list[dict],
   path,
@@ -100,14 +110,17 @@ def write_markdown(
   n_experts: int | None = None,
   score: str = "softmax",
   notes: list[str] = (),
+  heldout: dict | None = None,
 ) -> Path:
-  """One row per cell plus a k1 × k2 pivot of Δ loss; `*` marks significant cells."""
+  """One row per cell plus a k1 × k2 pivot of Δ loss; `*` marks significant cells;
+  `heldout` (run.heldout_info) describes the evaluated data under the title."""
   k1s, k2s, _ = pivot(rows)
   cells = {(int(r["k1"]), _k2(r["k2"])): r for r in rows}
   label = {k2: k2_label(k2, n_experts=n_experts, score=score) for k2 in k2s}
   lines = [
     f"# {title}",
     "",
+    *([heldout_line(heldout), ""] if heldout else []),
     "Δ = loss − loss at k1=K native (nats/token); `*`: p < 0.05 and 95% CI excludes 0.",
     "Masses are of the router scores in selection order; mass_k2 is the denominator used;",
     "gain = routed RMS / native k1=K's; `sqrt`/`gain` cells scale the routed output by c_l.",

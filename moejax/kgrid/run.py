@@ -96,18 +96,34 @@ def run_grid(
   results, scales = _run_cells(fwd, cells, batches, _batches(calib, bs), K, run.n_moe_layers)
   ref = results[(K, cells_lib.NATIVE)]
   resamples = resamples or c.eval.bootstrap_resamples
+  heldout = heldout_info(c, len(evaluated), len(run.heldout_NxL1))
   rows = [
     dict(
       rows_lib.row(
         cell, results[cell], ref, resamples=resamples, seed=c.train.seed, scale_M=scales.get(cell)
       ),
       step=run.step,
+      heldout=heldout,
     )
     for cell in cells
   ]
   if distributed.is_main():  # every process evaluates; process 0 writes
     _write(rows, c, rule, notes, _output_dir(workdir, step), workdir)
   return rows
+
+
+def heldout_info(c, n_sequences: int, n_windows: int) -> dict:
+  """The evaluated held-out data, recorded in every row and in k_grid.md's header."""
+  d = c.data
+  return {
+    "corpus": d.corpus,
+    "paths": d.get("paths", "") if d.corpus == "files" else "",
+    "tokenizer": d.tokenizer,
+    "holdout_fraction": d.holdout_fraction,
+    "sequences": n_sequences,
+    "tokens": n_sequences * d.seq_len,  # next-token predictions scored
+    "windows_available": n_windows,
+  }
 
 
 def _run_cells(
@@ -142,7 +158,9 @@ def _write(rows: list[dict], c, rule: routing.MergeRule, notes, out_dir: str, wo
   kw = {"title": title, "n_experts": E, "score": rule.score}
   with runio.local_dir(out_dir) as out:
     runio.write_text(os.path.join(out, "k_grid.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
-    report.write_markdown(rows, os.path.join(out, "k_grid.md"), notes=notes, **kw)
+    report.write_markdown(
+      rows, os.path.join(out, "k_grid.md"), notes=notes, heldout=rows[0].get("heldout"), **kw
+    )
     report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
     _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
 
