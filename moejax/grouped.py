@@ -108,3 +108,45 @@ def _bwd(sizes, res, dy_RxD):
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)
+
+
+def _bt(a_ExMxN):
+  """a with its last two axes swapped, materialized (see `_t`): XLA's CPU batched dot is
+  fast only when it contracts the lhs's last axis, and would otherwise fold the swap in."""
+  a_ExMxN = jax.lax.optimization_barrier(a_ExMxN)
+  return jax.lax.optimization_barrier(jnp.swapaxes(a_ExMxN, 1, 2))
+
+
+def _swiglu_parts(gu_ExCx2F, F):
+  g, u = gu_ExCx2F[..., :F], gu_ExCx2F[..., F:]
+  return g, u, jax.nn.sigmoid(g)
+
+
+@jax.custom_vjp
+def batched_swiglu(x_ExCxD, w_gu_ExDx2F, w_down_ExFxD):
+  """y[e, c] = SwiGLU_e(x[e, c]) for every expert's C rows, as two batched matmuls;
+  `w_gu` is w_gate | w_up along the last axis."""
+  return _batched_fwd(x_ExCxD, w_gu_ExDx2F, w_down_ExFxD)[0]
+
+
+def _batched_fwd(x_ExCxD, w_gu, w_down):
+  gu = jnp.einsum("ecd,edf->ecf", x_ExCxD, w_gu)
+  g, u, sig = _swiglu_parts(gu, w_down.shape[1])
+  y = jnp.einsum("ecf,efd->ecd", g * sig * u, w_down)
+  return y, (x_ExCxD, gu, w_gu, w_down)
+
+
+def _batched_bwd(res, dy_ExCxD):
+  x_ExCxD, gu, w_gu, w_down = res
+  g, u, sig = _swiglu_parts(gu, w_down.shape[1])
+  a = g * sig
+  dh = jnp.einsum("ecd,efd->ecf", dy_ExCxD, w_down)
+  dgu = jnp.concatenate([dh * u * sig * (1 + g * (1 - sig)), dh * a], axis=-1)
+  dx = jnp.einsum("ecf,edf->ecd", dgu, w_gu)
+  # (x^T dgu)^T = dgu^T x: transposing dgu moves 2F columns per row instead of D.
+  dw_gu = _bt(jnp.einsum("efc,ecd->efd", _bt(dgu), x_ExCxD))
+  dw_down = jnp.einsum("efc,ecd->efd", _bt(a * u), dy_ExCxD)
+  return dx, dw_gu, dw_down
+
+
+batched_swiglu.defvjp(_batched_fwd, _batched_bwd)
