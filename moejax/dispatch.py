@@ -15,14 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError
-from moejax.grouped import Blocks, batched_swiglu, grouped_swiglu
-from moejax.overflow import OverflowBlocks, overflow_swiglu
+from moejax.grouped import Blocks, grouped_swiglu
 from moejax.permute import take_rows
 
 MODES = ("dropless", "capacity")
-IMPLS = ("auto", "bucketed", "blocked", "ragged")
-# Bucket rows per expert of the bucketed path, over the mean load T·K/E.
-BUCKET_FACTOR = 1.25
+IMPLS = ("auto", "blocked", "ragged")
 DROP_POLICIES = ("position", "batch_priority", "weight")
 # Old names that are refused with a hint rather than silently reinterpreted.
 RENAMED_DROP_POLICIES = {
@@ -51,12 +48,12 @@ class Plan(NamedTuple):
 
 
 def resolve_impl(impl: str) -> str:
-  """`auto`: ragged_dot on TPU/GPU, bucketed einsums on CPU (ragged_dot densifies there)."""
+  """`auto`: ragged_dot on TPU/GPU, blocked einsums on CPU (ragged_dot densifies there)."""
   if impl not in IMPLS:
     raise UserError(f"impl={impl!r} is not allowed; use one of {', '.join(IMPLS)}")
   if impl != "auto":
     return impl
-  return "bucketed" if jax.default_backend() == "cpu" else "ragged"
+  return "blocked" if jax.default_backend() == "cpu" else "ragged"
 
 
 def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) -> Plan:
@@ -128,41 +125,6 @@ def dropless_plan(
     blocks.append(Blocks(start_N.astype(jnp.int32), e_N.astype(jnp.int32), cum_E[-1]))
     offset_E, prev = offset_E + n_E * size, size
   return plan, blocks, counts_E
-
-
-def bucket_rows(n_assignments: int, n_experts: int, factor: float = BUCKET_FACTOR) -> int:
-  """C: rows per expert of the batched einsum, `factor` times the mean load, a multiple of 8."""
-  c = -(-math.ceil(factor * n_assignments / n_experts) // 8) * 8
-  return max(1, min(c, n_assignments))
-
-
-def bucket_plan(
-  experts_TxK: jax.Array, n_experts: int, cap: int, block: int
-) -> tuple[Plan, OverflowBlocks]:
-  """Each expert's first `cap` assignments (in token order) go to rows [e·cap, e·cap + cap)
-  of an einsum buffer; the rest, the overflow, are covered by blocks of `block` sorted
-  positions of one expert each, for `overflow.overflow_swiglu`."""
-  T, K = experts_TxK.shape
-  A, E = T * K, n_experts
-  order_A, e_sorted_A = sort_by_expert(jnp.asarray(experts_TxK).reshape(A), E)
-  counts_E = jnp.bincount(e_sorted_A, length=E)
-  first_E = jnp.cumsum(counts_E) - counts_E
-  rank_A = jnp.arange(A) - first_E[e_sorted_A]
-  row_sorted_A = (e_sorted_A * cap + rank_A).astype(jnp.int32)
-  row_of_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)
-  kept_A = jnp.zeros((A,), bool).at[order_A].set(rank_A < cap)
-  plan = _finish_plan(row_of_A, kept_A, E * cap, K)
-
-  n_E = (jnp.maximum(counts_E - cap, 0) + block - 1) // block
-  cum_E = jnp.cumsum(n_E)
-  b_N = jnp.arange(max(1, -(-max(A - cap, 0) // block) + E))
-  e_N = jnp.minimum(jnp.searchsorted(cum_E, b_N, side="right"), E - 1)
-  start_N = first_E[e_N] + cap + (b_N - (cum_E - n_E)[e_N]) * block
-  i32 = lambda a: jnp.asarray(a, jnp.int32)
-  blocks = OverflowBlocks(
-    i32(start_N), i32((first_E + counts_E)[e_N]), i32(e_N), i32(cum_E[-1]), i32(order_A)
-  )
-  return plan, blocks
 
 
 def capacity(
@@ -294,26 +256,10 @@ def dropless(
     dot = lambda a, w: jax.lax.ragged_dot(a, w, counts_E.astype(jnp.int32))
     h_AxF = jax.nn.silu(dot(x_AxD, ex.w_gate_ExDxF)) * dot(x_AxD, ex.w_up_ExDxF)
     return _combine(dot(h_AxF, ex.w_down_ExFxD), plan, weights_TxK)
-  if impl == "bucketed":
-    return _bucketed(x_TxD, experts_TxK, weights_TxK, ex, block)
   sizes = block_sizes(block, T * K, E)
   plan, blocks, _ = dropless_plan(experts_TxK, E, sizes)
   y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, blocks, sizes)
   return _combine(y_RxD, plan, weights_TxK)
-
-
-def _bucketed(x_TxD, experts_TxK, weights_TxK, ex: ExpertWeights, block: int) -> jax.Array:
-  """Batched einsum over [E, C] bucket rows, plus the overflow loop for loads above C."""
-  T, K = experts_TxK.shape
-  E, D, _ = ex.w_gate_ExDxF.shape
-  cap = bucket_rows(T * K, E)
-  plan, blocks = bucket_plan(experts_TxK, E, cap, block)
-  w_gu_ExDx2F = jnp.concatenate([ex.w_gate_ExDxF, ex.w_up_ExDxF], axis=-1)
-  x_ExCxD = _expand(x_TxD, plan, K).reshape(E, cap, D)
-  y_RxD = batched_swiglu(x_ExCxD, w_gu_ExDx2F, ex.w_down_ExFxD).reshape(E * cap, D)
-  r_A = weights_TxK.reshape(T * K).astype(x_TxD.dtype)
-  y_TxD = overflow_swiglu(x_TxD, r_A, w_gu_ExDx2F, ex.w_down_ExFxD, blocks, block, K)
-  return _combine(y_RxD, plan, weights_TxK) + y_TxD
 
 
 def capacity_dispatch(
