@@ -1,9 +1,11 @@
 """Training throughput at the fine-grained shapes the calibration study uses, vs dense.
 
 Run: python benchmarks/study_shape.py [--repeats 5] [--shapes 64/8/32,32/4/64] [--quickstart]
+  [--impls bucketed,blocked]
 Each shape is `base_config()` with `model.moe.update(rule="qwen3_moe", n_experts=E,
 top_k=K, d_expert=f)`, against a dense twin with d_ff = K·f, timed interleaved in one
-process (see train_step.py). `--quickstart` adds configs/quickstart.py as a row.
+process (see train_step.py). `--quickstart` adds configs/quickstart.py as a row. `--impls`
+times one MoE arm per dispatch impl in the same interleave (a before/after comparison).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from train_step import compare, load
 
 from moejax.config import base_config
 
-HEADER = "| shape | MoE tok/s | dense tok/s | tokens/s MoE/dense | compile MoE/dense | step memory MoE/dense |"
+HEADER = "| shape | impl | MoE tok/s | dense tok/s | tokens/s MoE/dense | compile MoE/dense | step memory MoE/dense |"
 
 
 def study_config(E: int, K: int, f: int):
@@ -28,13 +30,16 @@ def study_config(E: int, K: int, f: int):
   return c
 
 
-def row(name: str, cfg, repeats: int) -> str:
-  r = compare(cfg, repeats)
-  tps = r.tokens_per_s
-  return (
-    f"| {name} | {tps['moe']:,.0f} | {tps['dense']:,.0f} | {r.ratio('tokens_per_s'):.2f}× | "
-    f"{r.ratio('compile_s'):.2f}× | {r.ratio('step_bytes'):.2f}× |"
-  )
+def rows(name: str, cfg, repeats: int, impls: tuple[str, ...]) -> str:
+  lines = []
+  for impl, r in compare(cfg, repeats, impls).items():
+    tps = r.tokens_per_s
+    lines.append(
+      f"| {name} | {impl if impls else cfg.model.moe.impl} | {tps['moe']:,.0f} | "
+      f"{tps['dense']:,.0f} | {r.ratio('tokens_per_s'):.2f}× | {r.ratio('compile_s'):.2f}× | "
+      f"{r.ratio('step_bytes'):.2f}× |"
+    )
+  return "\n".join(lines)
 
 
 def main() -> None:
@@ -42,18 +47,19 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--shapes", default="64/8/32,32/4/64", help="E/K/f, comma-separated")
   p.add_argument("--quickstart", action="store_true")
+  p.add_argument("--impls", default="", help="dispatch impls to time side by side")
   args = p.parse_args()
+  impls = tuple(v for v in args.impls.split(",") if v)
   print(f"backend={jax.default_backend()} devices={jax.device_count()}")
   print(HEADER)
-  print("|---|---:|---:|---:|---:|---:|")
+  print("|---|---|---:|---:|---:|---:|---:|")
   for shape in args.shapes.split(","):
     E, K, f = (int(v) for v in shape.split("/"))
-    print(row(f"E{E}/K{K}/f{f}", study_config(E, K, f), args.repeats), flush=True)
+    print(rows(f"E{E}/K{K}/f{f}", study_config(E, K, f), args.repeats, impls), flush=True)
   if args.quickstart:
     here = os.path.dirname(os.path.abspath(__file__))
-    print(
-      row("quickstart", load(os.path.join(here, "..", "configs", "quickstart.py")), args.repeats)
-    )
+    qs = load(os.path.join(here, "..", "configs", "quickstart.py"))
+    print(rows("quickstart", qs, args.repeats, impls))
 
 
 if __name__ == "__main__":

@@ -76,17 +76,29 @@ def jitted_step(c):
   return step, compile_s, _step_bytes(compiled), run.n_active
 
 
-def compare(moe_cfg, repeats: int) -> Comparison:
-  """Times a train step of `moe_cfg` and of its dense twin, interleaved."""
-  built = {"moe": jitted_step(moe_cfg), "dense": jitted_step(dense_twin(moe_cfg))}
+def compare(moe_cfg, repeats: int, impls: tuple[str, ...] = ()) -> dict[str, Comparison]:
+  """Times a train step of `moe_cfg` and of its dense twin, interleaved. With `impls`, one
+  MoE arm per dispatch impl (model.moe.impl), all in the same interleave; the result is
+  keyed by impl ("moe" when `impls` is empty), each against the same dense run."""
+  arms = {"dense": dense_twin(moe_cfg)}
+  for impl in impls or ("moe",):
+    arms[impl] = moe_cfg.copy_and_resolve_references()
+    if impls:
+      arms[impl].model.moe.impl = impl
+  built = {k: jitted_step(c) for k, c in arms.items()}
   t = interleaved_min({k: v[0] for k, v in built.items()}, repeats)
   tokens = moe_cfg.data.batch_size * moe_cfg.data.seq_len
-  return Comparison(
-    tokens_per_s={k: tokens / t[k] for k in t},
-    compile_s={k: v[1] for k, v in built.items()},
-    step_bytes={k: v[2] for k, v in built.items()},
-    active={k: v[3] for k, v in built.items()},
-  )
+  out = {}
+  for k in built:
+    if k != "dense":
+      pick = lambda d, k=k: {"moe": d[k], "dense": d["dense"]}
+      out[k] = Comparison(
+        tokens_per_s=pick({a: tokens / t[a] for a in t}),
+        compile_s=pick({a: v[1] for a, v in built.items()}),
+        step_bytes=pick({a: v[2] for a, v in built.items()}),
+        active=pick({a: v[3] for a, v in built.items()}),
+      )
+  return out
 
 
 def main() -> None:
@@ -95,7 +107,7 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=5)
   args = p.parse_args()
   moe_cfg = load(args.config)
-  r = compare(moe_cfg, args.repeats)
+  r = compare(moe_cfg, args.repeats)["moe"]
   tps, cs, mb = r.tokens_per_s, r.compile_s, {k: v / 2**20 for k, v in r.step_bytes.items()}
   print(
     f"backend={jax.default_backend()} tokens/step={moe_cfg.data.batch_size * moe_cfg.data.seq_len}"
