@@ -286,12 +286,12 @@ def _check_eval_ks(c: ml_collections.ConfigDict) -> None:
   """eval.k1/eval.k2 parse now, not after training."""
   if not (c.eval.k1 or c.eval.k2) or c.model.moe_every == 0:
     return
-  from moejax import kgrid  # pylint: disable=import-outside-toplevel
+  from moejax.kgrid import cells  # pylint: disable=import-outside-toplevel
 
   K, E = c.model.moe.top_k, c.model.moe.n_experts
   try:
-    k1s = kgrid.parse_k1(c.eval.k1, K, E)
-    kgrid.parse_k2(c.eval.k2, K, E, k1s)
+    k1s = cells.parse_k1(c.eval.k1, K, E)
+    cells.parse_k2(c.eval.k2, K, E, k1s)
   except UserError as e:
     raise UserError(f"eval.k1={c.eval.k1!r}, eval.k2={c.eval.k2!r}: {e}") from None
 

@@ -65,7 +65,9 @@ def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
   check_choice("data.corpus", data_cfg["corpus"], CORPORA)
   check_choice("data.format", data_cfg["format"], FORMATS)
   check_choice("data.text_docs", data_cfg["text_docs"], TEXT_DOCS)
-  check_choice("data.tokenizer", data_cfg["tokenizer"], TOKENIZERS)
+  tok = data_cfg["tokenizer"]
+  if not (isinstance(tok, str) and tok.startswith("hf:") and len(tok) > 3):  # hf:PATH
+    check_choice("data.tokenizer", tok, TOKENIZERS)
   return batch_size, seq_len, float(frac), split_seed
 
 

@@ -352,8 +352,8 @@ def test_bias_update_direction(base, forward):
   params, router = run.state["params"], run.state["router"]
   before = router_biases(run.graphdef, params, router)
   assert len(before) == 2 and all(not b.any() for b in before)
-  _, (_, loads_LxE) = forward(loss_config(c), params, router, tokens)
-  loads_LxE = np.asarray(loads_LxE)
+  _, (_, loads) = forward(loss_config(c), params, router, tokens)
+  loads_LxE = np.asarray(loads.all_LxE)  # every selected expert drives the bias update
   assert loads_LxE.shape == (2, 8)
   assert (loads_LxE.sum(-1) == tokens[:, :-1].size * 2).all()  # top-2 of every token
   new_state, _ = step_fn(fresh(run.state), tokens, jax.random.key(3))
