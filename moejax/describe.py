@@ -17,7 +17,6 @@ conventions are reported (see `CONVENTIONS`).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import sys
 import textwrap
@@ -324,14 +323,6 @@ def format_worksheet(ws: Worksheet, title: str = "") -> str:
     ("not modelled", ws.not_modelled),
   ]
   return "\n".join(lines + [_row(k, v) for k, v in rows])
-
-
-def load_config(path: str, arg: str = "") -> ml_collections.ConfigDict:
-  """`get_config(arg)` of a config file (full-size twins extend their scaled preset)."""
-  spec = importlib.util.spec_from_file_location(f"_moejax_config_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
 
 
 def nominal_vocab(c: ml_collections.ConfigDict) -> tuple[int, str]:

@@ -15,11 +15,11 @@ import pathlib
 
 import ml_collections
 
-from moejax import describe
+from moejax import config as config_lib
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = describe.load_config(str(pathlib.Path(__file__).parents[1] / "mixtral.py"))
+  c = config_lib.load_file(str(pathlib.Path(__file__).parents[1] / "mixtral.py"))
   c.model.update(
     vocab_size=32000,
     d_model=4096,

@@ -28,7 +28,7 @@ def h1(panels: dict, best: dict) -> list[str]:
   if not runs:
     return ["**H1** (renormalized models lose much less at k1 < K with k2 ≥ K): not run yet."]
   K = runs[0].top_k
-  out = [f"**H1** (renormalized-trained `qwen3_moe`, {len(runs)} seeds; k2 = K vs k2 = k1):"]
+  out = [f"**H1** (renormalized-trained `qwen3_moe`, {len(runs)} seed(s); k2 = K vs k2 = k1):"]
   for k1 in sorted({a for (a, _) in runs[0].final_grid if a < K}, reverse=True):
     c = res.estimate(runs, (k1, K), against=(k1, k1))
     b = best[RENORM_PANEL].get(k1)
@@ -45,7 +45,7 @@ def h2(panels: dict) -> list[str]:
   if not runs:
     return ["**H2** (unnormalized models are best at native, hurt by renormalizing): not run yet."]
   out = [
-    f"**H2** (`olmoe`, trained without renormalization, {len(runs)} seeds; k2 = k1 vs native):"
+    f"**H2** (`olmoe`, trained without renormalization, {len(runs)} seed(s); k2 = k1 vs native):"
   ]
   for k1 in sorted({a for (a, _) in runs[0].final_grid}, reverse=True):
     c = res.estimate(runs, (k1, k1), against=(k1, "native"))
