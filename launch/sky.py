@@ -93,7 +93,8 @@ def is_tpu(compute: Compute) -> bool:
 
 def setup_script(compute: Compute) -> str:
   jax = f"jax[tpu]{JAX_PIN}" if is_tpu(compute) else f"jax[cuda12]{JAX_PIN}"
-  return f"set -e\npip install -U pip\npip install -e . {shlex.quote(jax)}\n"
+  # the cloud extra brings gcsfs, so run I/O (etils.epath) and orbax reach gs:// workdirs
+  return f"set -e\npip install -U pip\npip install -e '.[cloud]' {shlex.quote(jax)}\n"
 
 
 def run_script(sweep: Sweep, run: RunSpec, workdir: str, compute: Compute) -> str:

@@ -167,3 +167,16 @@ def test_report_verdicts_follow_the_fixture(report):
   assert "k1 = 2:" in h1 and "k2 = K loses less" in h1
   h2 = text.split("**H2**")[1].split("**H3**")[0]
   assert "renormalizing hurts" in h2.split("k1 = 2:")[1].splitlines()[0]
+
+
+def test_tpu_sweep_mirrors_the_runs_at_checkpoints_that_exist():
+  tpu_file = importlib.import_module("sweep_tpu")
+  cpu, tpu = sweep_file.get_sweep().runs, tpu_file.get_sweep().runs
+  assert [r.name for r in tpu] == [r.name for r in cpu]
+  c = study_config.get_config("tpu")
+  for r in tpu:
+    assert r.config.endswith(":tpu") and r.compute == "tpu" and r.overrides["data.paths"]
+    for step in r.grid_steps:  # 25% and 50% of training, on the checkpoint cadence
+      assert 0 < step < c.train.steps and step % c.train.ckpt_every == 0, (r.name, step)
+    if "model.moe.expert_init_std" in r.overrides:
+      assert r.overrides["model.moe.expert_init_std"] == pytest.approx(c.model.d_model**-0.5)

@@ -19,6 +19,7 @@ import sweep as cpu_sweep
 from launch.spec import Sweep
 
 DATA = os.environ.get("MOEJAX_CALIBRATION_DATA", "gs://YOUR_BUCKET/corpus/*.jsonl")
+TPU_STEPS = 4000  # configs/study_calibration.py:tpu train.steps (checkpoints every 1000)
 # Width-dependent overrides at the TPU shape (d_model 1024, experts of width 256).
 TPU_VALUES = {"model.moe.d_shared": 512, "model.moe.expert_init_std": round(1024**-0.5, 6)}
 
@@ -37,6 +38,7 @@ def get_sweep() -> Sweep:
       config=f"{cpu_sweep.CONFIG}:tpu",
       overrides=_at_tpu_scale(r.overrides),
       compute="tpu",
+      grid_steps=tuple(TPU_STEPS * s // cpu_sweep.STEPS for s in r.grid_steps),
     )
     for r in cpu_sweep.get_sweep().runs
   ]
