@@ -73,6 +73,33 @@ def _native_stderr_muted_on_failure():
   os.close(real_fd)
 
 
+def _pick_step(mngr: ocp.CheckpointManager, step: int | None) -> int:
+  """`step`, or the latest with None; a UserError naming the directory when there is none."""
+  steps = mngr.all_steps()
+  if not steps:
+    raise UserError(f"no checkpoint in {mngr.directory}")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise UserError(
+      f"no checkpoint for step {step} in {mngr.directory}; "
+      f"available: {', '.join(map(str, sorted(steps)))}"
+    )
+  return step
+
+
+def _restore_or_fail(mngr: ocp.CheckpointManager, step: int, args: ocp.args.Composite):
+  """mngr.restore, any orbax failure (truncated or foreign files) as one UserError line."""
+  try:
+    with _native_stderr_muted_on_failure():
+      return mngr.restore(step, args=args)
+  except Exception as e:  # orbax raises many types for truncated or foreign files
+    reason = " ".join(str(e).split())[:200]
+    raise UserError(
+      f"checkpoint {mngr.directory}/{step} is unreadable or does not match this "
+      f"config ({type(e).__name__}: {reason})"
+    ) from None
+
+
 def restore(
   mngr: ocp.CheckpointManager, abstract_state: Any, step: int | None = None
 ) -> tuple[int, Any, dict]:
@@ -80,31 +107,10 @@ def restore(
 
   A missing or unreadable checkpoint raises a one-line `UserError` naming the directory.
   """
-  directory = mngr.directory
-  steps = mngr.all_steps()
-  if not steps:
-    raise UserError(f"no checkpoint in {directory}")
-  step = max(steps) if step is None else step
-  if step not in steps:
-    raise UserError(
-      f"no checkpoint for step {step} in {directory}; "
-      f"available: {', '.join(map(str, sorted(steps)))}"
-    )
+  step = _pick_step(mngr, step)
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-  try:
-    with _native_stderr_muted_on_failure():
-      out = mngr.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
-        ),
-      )
-  except Exception as e:  # orbax raises many types for truncated or foreign files
-    reason = " ".join(str(e).split())[:200]
-    raise UserError(
-      f"checkpoint {directory}/{step} is unreadable or does not match this "
-      f"config ({type(e).__name__}: {reason})"
-    ) from None
+  args = ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
+  out = _restore_or_fail(mngr, step, args)
   return step, out.state, out.data
 
 
@@ -114,29 +120,12 @@ def restore_params(
   """(step, {"params", "router"}) of a training checkpoint, without its optimizer state or
   data state: `abstract` holds only the `params` and `router` trees (shapes and dtypes), and
   every array lands on this process's first device. `step=None` takes the latest."""
-  directory = mngr.directory
-  steps = mngr.all_steps()
-  if not steps:
-    raise UserError(f"no checkpoint in {directory}")
-  step = max(steps) if step is None else step
-  if step not in steps:
-    raise UserError(
-      f"no checkpoint for step {step} in {directory}; "
-      f"available: {', '.join(map(str, sorted(steps)))}"
-    )
+  step = _pick_step(mngr, step)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
   restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=device), target)
   partial = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
-  try:
-    with _native_stderr_muted_on_failure():
-      out = mngr.restore(step, args=ocp.args.Composite(state=partial))
-  except Exception as e:  # orbax raises many types for truncated or foreign files
-    reason = " ".join(str(e).split())[:200]
-    raise UserError(
-      f"checkpoint {directory}/{step} is unreadable or does not match this "
-      f"config ({type(e).__name__}: {reason})"
-    ) from None
+  out = _restore_or_fail(mngr, step, ocp.args.Composite(state=partial))
   return step, {name: out.state[name] for name in abstract}
 
 
