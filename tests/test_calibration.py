@@ -104,12 +104,20 @@ def _write_run(root: pathlib.Path, name: str, rule: str, seed: int, steps=(150, 
   cfg["model"]["moe"]["rule"] = rule
   cfg["resolved"] = {"git_commit": "abc123"}
   (d / "config.json").write_text(json.dumps(cfg))
-  rows = [{"step": 600, "loss": 2.0, "tokens_per_sec": 2048.0, "eval_loss": 1.9 + 0.01 * seed}]
+  rows = [{"step": 600, "loss": 2.0, "tokens_per_sec": 2048.0, "eval_loss": 1.9}]
   (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
   base_N = 1.5 + 0.1 * rng.standard_normal(N)
   seed_shift = 0.02 * rng.standard_normal()
   for step in steps:
-    grid = [{"k1": K, "k2": "native", "delta": 0.0, "loss_per_sequence": base_N.tolist()}]
+    grid = [
+      {
+        "k1": K,
+        "k2": "native",
+        "delta": 0.0,
+        "loss": float(base_N.mean()),
+        "loss_per_sequence": base_N.tolist(),
+      }
+    ]
     for (k1, k2), mu in TRUE[rule].items():
       loss_N = base_N + mu * step / 600 + seed_shift + 0.05 * rng.standard_normal(N)
       grid.append(
@@ -118,6 +126,7 @@ def _write_run(root: pathlib.Path, name: str, rule: str, seed: int, steps=(150, 
           "k2": k2,
           "delta": float((loss_N - base_N).mean()),
           "gain": 1.0 + mu,
+          "loss": float(loss_N.mean()),
           "loss_per_sequence": loss_N.tolist(),
         }
       )
@@ -141,8 +150,10 @@ def report(tmp_path_factory):
 
 
 def test_report_lists_missing_runs_and_writes_figures(report):
-  _, out, text = report
+  root, out, text = report
   assert "6 of 22 runs finished" in text
+  native = json.loads((root / "a-olmoe-s1" / "eval" / "k_grid.jsonl").read_text().splitlines()[0])
+  assert f"| a-olmoe-s1 | A | olmoe | {native['loss']:.4f} |" in text  # held-out loss table
   assert "b-kplus1" in text  # missing runs are named, not estimated
   for fig in ("delta_vs_k1.png", "delta_vs_gain.png", "delta_vs_step.png"):
     assert (out / "figures" / fig).stat().st_size > 1000

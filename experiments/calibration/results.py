@@ -55,7 +55,8 @@ class RunResult(NamedTuple):
 
   @property
   def eval_loss(self) -> float:
-    return [r["eval_loss"] for r in self.metrics if "eval_loss" in r][-1]
+    """Held-out loss at native K on the grid's sequences (the same ones for every run)."""
+    return float(self.final_grid[(self.top_k, NATIVE)]["loss"])
 
   @property
   def train_seconds(self) -> float:

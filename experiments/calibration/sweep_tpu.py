@@ -16,6 +16,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import sweep as cpu_sweep
+
 from launch.spec import Sweep
 
 DATA = os.environ.get("MOEJAX_CALIBRATION_DATA", "gs://YOUR_BUCKET/corpus/*.jsonl")

@@ -69,7 +69,8 @@ def setup(runs: dict) -> str:
 def native_losses(runs: dict) -> str:
   lines = [
     "## Held-out loss at native K\n",
-    "| run | factor | rule | eval loss |",
+    "On the grids' held-out sequences (the native k1 = K cell of each final grid).\n",
+    "| run | factor | rule | held-out loss |",
     "|---|---|---|---:|",
   ]
   for r in runs.values():
@@ -81,7 +82,7 @@ def native_losses(runs: dict) -> str:
   for rule, losses in core.items():
     sd = statistics.stdev(losses) if len(losses) > 1 else float("nan")
     lines.append(
-      f"\nFactor A, {rule}: mean {statistics.mean(losses):.4f} (sd {sd:.4f}, {len(losses)} seeds)."
+      f"\nFactor A, {rule}: mean {statistics.mean(losses):.4f} (sd {sd:.4f}, {len(losses)} seed(s))."
     )
   return "\n".join(lines) + "\n"
 
