@@ -2,7 +2,9 @@
 
 import importlib
 import json
+import os
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -191,3 +193,63 @@ def test_tpu_sweep_mirrors_the_runs_at_checkpoints_that_exist():
       assert 0 < step < c.train.steps and step % c.train.ckpt_every == 0, (r.name, step)
     if "model.moe.expert_init_std" in r.overrides:
       assert r.overrides["model.moe.expert_init_std"] == pytest.approx(c.model.d_model**-0.5)
+
+
+# ---------------------------------------------------------------- a 2-run miniature, end to end
+
+MINI_SWEEP = """
+import dataclasses
+import importlib.util
+
+from launch.spec import Sweep
+
+_spec = importlib.util.spec_from_file_location("calibration_sweep", {study!r})
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
+TINY = {tiny!r}
+
+
+def get_sweep():
+  runs = [dataclasses.replace(r, overrides={{**r.overrides, **TINY}}, grid_steps=(2,))
+          for r in study.factor_a()[:2]]
+  return Sweep(name="calibration", runs=runs, results={results!r})
+"""
+MINI_TINY = {  # the study's first two runs (qwen3_moe and olmoe, seed 0) at toy size
+  "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1,
+  "model.d_ff": 64, "model.moe.n_experts": 8, "model.moe.top_k": 2, "model.moe.d_expert": 16,
+  "data.corpus": "synthetic", "data.synthetic_docs": 300, "data.batch_size": 4,
+  "data.seq_len": 32, "train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
+  "train.ckpt_every": 2, "train.eval_sequences": 4, "train.progress": False,
+  "optim.warmup_steps": 1, "eval.sequences": 8, "eval.gain_sequences": 4, "eval.batch_size": 4,
+  "eval.bootstrap_resamples": 1000,
+}  # fmt: skip
+
+
+def test_two_run_miniature_runs_end_to_end(tmp_path):
+  """`python -m launch.sweep` trains and grids two study runs, copies their results, and the
+  report builds from them (the study's own cells: native, k1, K, 2K, 4K, E, sqrt, gain)."""
+  results = tmp_path / "results"
+  path = tmp_path / "sweep.py"
+  path.write_text(
+    MINI_SWEEP.format(study=str(STUDY / "sweep.py"), tiny=MINI_TINY, results=str(results))
+  )
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+  argv = [sys.executable, "-m", "launch.sweep", str(path), "--backend", "local", "--parallel", "2"]
+  res = subprocess.run(
+    [*argv, "--root", str(tmp_path / "runs")],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
+  )  # fmt: skip
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  for name in ("a-qwen3_moe-s0", "a-olmoe-s0"):
+    rows = [
+      json.loads(x) for x in (results / name / "eval" / "k_grid.jsonl").read_text().splitlines()
+    ]
+    assert {r["k2"] for r in rows if r["k1"] == 1} == {"native", 1, 2, 4, 8, "sqrt", "gain"} - (
+      {"sqrt"} if "olmoe" in name else set()  # sqrt is defined for normalizing rules only
+    )
+    assert (results / name / "eval" / "step2" / "k_grid.jsonl").exists()
+  out = tmp_path / "report"
+  text = importlib.import_module("report").build(results, out)
+  assert "2 of 22 runs finished" in text
+  assert "**H1** (renormalized-trained `qwen3_moe`, 1 seed(s)" in text and "- k1 = 1:" in text
+  assert (out / "figures" / "delta_vs_step.png").exists()
