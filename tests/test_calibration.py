@@ -177,7 +177,7 @@ def test_report_seed_level_means_match_numpy(report):
 def test_report_verdicts_follow_the_fixture(report):
   _, _, text = report
   h1 = text.split("**H1**")[1].split("**H2**")[0]
-  assert "k1 = 2:" in h1 and "k2 = K loses less" in h1
+  assert "k1 = 2:" in h1 and "k2 = K loses less" in h1 and "Best k2 here: 8." in h1
   h2 = text.split("**H2**")[1].split("**H3**")[0]
   assert "renormalizing hurts" in h2.split("k1 = 2:")[1].splitlines()[0]
 

@@ -32,10 +32,10 @@ def h1(panels: dict, best: dict) -> list[str]:
   for k1 in sorted({a for (a, _) in runs[0].final_grid if a < K}, reverse=True):
     c = res.estimate(runs, (k1, K), against=(k1, k1))
     b = best[RENORM_PANEL].get(k1)
-    a, b = res.estimate(runs, (k1, k1)), res.estimate(runs, (k1, K))
-    kept = (
-      f" (k2 = K keeps {b.mean / a.mean:.0%} of the k2 = k1 loss)" if a and b and a.mean else ""
-    )
+    e_k1, e_K = res.estimate(runs, (k1, k1)), res.estimate(runs, (k1, K))
+    kept = ""
+    if e_k1 and e_K and e_k1.mean:
+      kept = f" (k2 = K keeps {e_K.mean / e_k1.mean:.0%} of the k2 = k1 loss)"
     out.append(
       f"- k1 = {k1}: Δ(k2=k1) {_est(runs, (k1, k1))}, Δ(k2=K) {_est(runs, (k1, K))}{kept}; "
       f"difference {c.fmt() if c else '—'}: "
