@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from failure_helpers import override
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -53,19 +54,6 @@ TINY = {
   "eval.batch_size": 4,
   "wandb.mode": "disabled",
 }
-
-
-def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
-  """A copy of `c` with dotted keys set (each key must exist, as on the command line)."""
-  c = ml_collections.ConfigDict(c.to_dict())
-  for dotted, value in values.items():
-    *parents, leaf = dotted.split(".")
-    node = c
-    for part in parents:
-      node = node[part]
-    assert leaf in node, dotted
-    node[leaf] = value
-  return c
 
 
 def tiny_config(**values) -> ml_collections.ConfigDict:
