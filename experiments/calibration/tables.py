@@ -60,7 +60,8 @@ def setup(runs: dict) -> str:
     f"{o['min_lr_ratio']}×; balance loss {loss['balance_weight']} "
     f"({loss['balance_granularity']}), z-loss {loss['z_loss_weight']} for every rule.\n"
     f"* Grids on {c['eval']['sequences']} held-out sequences; seeds per factor as in "
-    "`sweep.py`.\n"
+    "`sweep.py`. Factor C grids the 25% and 50% checkpoints of each factor-A run at least at "
+    "k1 = 2 with k2 in {native, k1, K} (seed 0's in full), the cells its figure and H4 use.\n"
     f"* Code: commit(s) {', '.join(commits)}; training wall time of the finished runs "
     f"{hours:.2f} h on the 2-core CPU machine (from metrics.jsonl tokens/s).\n"
   )
