@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from failure_helpers import override
+from failure_helpers import assert_trees_equal, metric_rows, override
 from flax import nnx
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -89,23 +89,6 @@ def router_biases(graphdef, params, router) -> list[np.ndarray]:
   """The selection bias of every MoE layer, in layer order."""
   model = nnx.merge(graphdef, params, router)
   return [np.asarray(b.router.bias[...]) for b in step_lib.moe_blocks(model)]
-
-
-def metric_rows(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def assert_trees_equal(a, b, what: str) -> None:
-  """Bitwise equality of two pytrees (same structure, same bytes in every leaf)."""
-  la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
-  assert [p for p, _ in la] == [p for p, _ in lb], what
-  diff = [
-    jax.tree_util.keystr(p)
-    for (p, x), (_, y) in zip(la, lb)
-    if not np.array_equal(np.asarray(x), np.asarray(y))
-  ]
-  assert not diff, f"{what}: leaves differ: {diff[:8]}"
 
 
 def all_finite(tree) -> bool:
