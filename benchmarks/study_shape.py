@@ -21,7 +21,10 @@ from train_step import compare, load
 
 from moejax.config import base_config
 
-HEADER = "| shape | impl | MoE tok/s | dense tok/s | tokens/s MoE/dense | compile MoE/dense | step memory MoE/dense |"
+HEADER = (
+  "| shape | impl | MoE tok/s | dense tok/s | tokens/s MoE/dense | compile MoE/dense "
+  "| step memory MoE/dense | activations MoE/dense |"
+)
 
 
 def study_config(E: int, K: int, f: int):
@@ -37,7 +40,7 @@ def rows(name: str, cfg, repeats: int, impls: tuple[str, ...]) -> str:
     lines.append(
       f"| {name} | {impl if impls else cfg.model.moe.impl} | {tps['moe']:,.0f} | "
       f"{tps['dense']:,.0f} | {r.ratio('tokens_per_s'):.2f}× | {r.ratio('compile_s'):.2f}× | "
-      f"{r.ratio('step_bytes'):.2f}× |"
+      f"{r.ratio('step_bytes'):.2f}× | {r.ratio('temp_bytes'):.2f}× |"
     )
   return "\n".join(lines)
 
@@ -52,7 +55,7 @@ def main() -> None:
   impls = tuple(v for v in args.impls.split(",") if v)
   print(f"backend={jax.default_backend()} devices={jax.device_count()}")
   print(HEADER)
-  print("|---|---|---:|---:|---:|---:|---:|")
+  print("|---|---|---:|---:|---:|---:|---:|---:|")
   for shape in args.shapes.split(","):
     E, K, f = (int(v) for v in shape.split("/"))
     print(rows(f"E{E}/K{K}/f{f}", study_config(E, K, f), args.repeats, impls), flush=True)

@@ -2,8 +2,11 @@
 
 Run: python benchmarks/train_step.py [--repeats 5] [--config configs/quickstart.py]
 Both models train on the same batches; steps are timed interleaved in one process. Also
-prints the compile time of each, XLA's peak-memory estimate of one step (arguments +
-outputs + temporaries, so it is per step, not per process) and the process's peak RSS.
+prints the compile time of each, XLA's peak-memory estimate of one step compiled as the
+trainer runs it, with the state donated (arguments + outputs + temporaries − aliased, so it
+is per step, not per process), its activations alone (temporaries: what dispatch controls;
+the MoE's extra parameters and optimizer state are in the total) and the process's peak
+RSS.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Comparison(NamedTuple):
   tokens_per_s: dict[str, float]
   compile_s: dict[str, float]
   step_bytes: dict[str, int]
+  temp_bytes: dict[str, int]
   active: dict[str, int]
 
   def ratio(self, field: str) -> float:
@@ -54,26 +58,33 @@ def dense_twin(c):
   return d
 
 
-def _step_bytes(compiled) -> int:
-  m = compiled.memory_analysis()
+class Built(NamedTuple):
+  step: object  # () -> step outputs, on a state that is not donated (repeatable)
+  compile_s: float
+  step_bytes: int
+  temp_bytes: int
+  active: int
+
+
+def _memory(fn, *args) -> tuple[int, int]:
+  """(step bytes, temporaries) of `fn` compiled with its state donated, as the trainer runs
+  it; (0, 0) where the backend reports no memory analysis."""
+  m = jax.jit(fn, donate_argnums=0).lower(*args).compile().memory_analysis()
   if m is None:
-    return 0
+    return 0, 0
   used = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-  return used - m.alias_size_in_bytes
+  return used - m.alias_size_in_bytes, m.temp_size_in_bytes
 
 
-def jitted_step(c):
-  """(step fn closure, compile seconds, step bytes, active params) for config c."""
+def jitted_step(c) -> Built:
   run = trainer.build(c, workdir=None)
   lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
-  fn = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
-  tokens = next(run.data.train_iterator())["tokens"]
+  step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
+  args = (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))
   t = time.perf_counter()
-  compiled = fn.lower(run.state, tokens, jax.random.key(0)).compile()
+  compiled = jax.jit(step_fn).lower(*args).compile()
   compile_s = time.perf_counter() - t
-  state = run.state
-  step = lambda: compiled(state, tokens, jax.random.key(0))
-  return step, compile_s, _step_bytes(compiled), run.n_active
+  return Built(lambda: compiled(*args), compile_s, *_memory(step_fn, *args), run.n_active)
 
 
 def compare(moe_cfg, repeats: int, impls: tuple[str, ...] = ()) -> dict[str, Comparison]:
@@ -86,7 +97,7 @@ def compare(moe_cfg, repeats: int, impls: tuple[str, ...] = ()) -> dict[str, Com
     if impls:
       arms[impl].model.moe.impl = impl
   built = {k: jitted_step(c) for k, c in arms.items()}
-  t = interleaved_min({k: v[0] for k, v in built.items()}, repeats)
+  t = interleaved_min({k: v.step for k, v in built.items()}, repeats)
   tokens = moe_cfg.data.batch_size * moe_cfg.data.seq_len
   out = {}
   for k in built:
@@ -94,9 +105,10 @@ def compare(moe_cfg, repeats: int, impls: tuple[str, ...] = ()) -> dict[str, Com
       pick = lambda d, k=k: {"moe": d[k], "dense": d["dense"]}
       out[k] = Comparison(
         tokens_per_s=pick({a: tokens / t[a] for a in t}),
-        compile_s=pick({a: v[1] for a, v in built.items()}),
-        step_bytes=pick({a: v[2] for a, v in built.items()}),
-        active=pick({a: v[3] for a, v in built.items()}),
+        compile_s=pick({a: v.compile_s for a, v in built.items()}),
+        step_bytes=pick({a: v.step_bytes for a, v in built.items()}),
+        temp_bytes=pick({a: v.temp_bytes for a, v in built.items()}),
+        active=pick({a: v.active for a, v in built.items()}),
       )
   return out
 
@@ -122,7 +134,7 @@ def main() -> None:
   )
   print(
     f"step memory: moe {mb['moe']:.0f} MiB  dense {mb['dense']:.0f} MiB  "
-    f"ratio {r.ratio('step_bytes'):.2f}"
+    f"ratio {r.ratio('step_bytes'):.2f} (activations alone {r.ratio('temp_bytes'):.2f})"
   )
   print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 

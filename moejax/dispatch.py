@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError, check_choice
+from moejax.fused import gather_swiglu_combine
 from moejax.grouped import Blocks, grouped_swiglu
 from moejax.permute import take_rows
 
 MODES = ("dropless", "capacity")
-IMPLS = ("auto", "blocked", "ragged")
+IMPLS = ("auto", "fused", "blocked", "ragged")
 DROP_POLICIES = ("position", "batch_priority", "weight")
 # Old names that are refused with a hint rather than silently reinterpreted.
 RENAMED_DROP_POLICIES = {
@@ -48,11 +49,12 @@ class Plan(NamedTuple):
 
 
 def resolve_impl(impl: str) -> str:
-  """`auto`: ragged_dot on TPU/GPU, blocked einsums on CPU (ragged_dot densifies there)."""
+  """`auto`: ragged_dot on TPU/GPU, the fused block loop on CPU (ragged_dot densifies
+  there). `blocked` is the unfused block loop: gather, grouped SwiGLU, combine."""
   check_choice("impl", impl, IMPLS)
   if impl != "auto":
     return impl
-  return "blocked" if jax.default_backend() == "cpu" else "ragged"
+  return "fused" if jax.default_backend() == "cpu" else "ragged"
 
 
 def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) -> Plan:
@@ -235,6 +237,19 @@ def _expand(x_TxD: jax.Array, plan: Plan, K: int) -> jax.Array:
   return take_rows(x_TxD, plan.token_of_R, plan.row_of_A.reshape(T, K))
 
 
+def _grouped(x_TxD, plan: Plan, weights_TxK, ex: ExpertWeights, blocks, sizes, fused: bool):
+  """Runs the experts over the plan's row blocks and combines: one fused loop, or gather
+  into an expert-sorted buffer, grouped SwiGLU, then gather back."""
+  T, K = weights_TxK.shape
+  if not fused:
+    y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, blocks, sizes)
+    return _combine(y_RxD, plan, weights_TxK)
+  w_Ax1 = weights_TxK.reshape(T * K, 1).astype(x_TxD.dtype)
+  w_R = take_rows(w_Ax1, plan.assign_of_R, plan.row_of_A[:, None])[:, 0]
+  row_TxK = plan.row_of_A.reshape(T, K)
+  return gather_swiglu_combine(x_TxD, w_R, plan.token_of_R, row_TxK, *ex, blocks, sizes)
+
+
 def dropless(
   x_TxD: jax.Array,
   experts_TxK: jax.Array,
@@ -257,8 +272,7 @@ def dropless(
     return _combine(dot(h_AxF, ex.w_down_ExFxD), plan, weights_TxK)
   sizes = block_sizes(block, T * K, E)
   plan, blocks, _ = dropless_plan(experts_TxK, E, sizes)
-  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, blocks, sizes)
-  return _combine(y_RxD, plan, weights_TxK)
+  return _grouped(x_TxD, plan, weights_TxK, ex, blocks, sizes, impl == "fused")
 
 
 def capacity_dispatch(
@@ -271,8 +285,10 @@ def capacity_dispatch(
   group_size: int,
   order: DropOrder,
   keep_TxK: jax.Array | None = None,
+  impl: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
-  """Capacity-limited dispatch; returns (y_TxD, kept_TxK)."""
+  """Capacity-limited dispatch; returns (y_TxD, kept_TxK). Every impl but `fused` runs
+  the unfused block loop (capacity buffers are small and fixed)."""
   T, K = experts_TxK.shape
   check_group_size(group_size, T)
   E = ex.w_gate_ExDxF.shape[0]
@@ -281,8 +297,8 @@ def capacity_dispatch(
   expert_N = jnp.tile(jnp.arange(E, dtype=jnp.int32), T // group_size)
   N = expert_N.shape[0]
   blocks = Blocks(jnp.arange(N, dtype=jnp.int32) * cap, expert_N, jnp.asarray(N, jnp.int32))
-  y_RxD = grouped_swiglu(_expand(x_TxD, plan, K), *ex, [blocks], (cap,))
-  y_TxD = _combine(y_RxD, plan, weights_TxK)
+  fused = resolve_impl(impl) == "fused"
+  y_TxD = _grouped(x_TxD, plan, weights_TxK, ex, [blocks], (cap,), fused)
   return y_TxD, plan.kept_A.reshape(T, K)
 
 

@@ -253,6 +253,7 @@ class MoEBlock(nnx.Module):
       group_size=G,
       order=order,
       keep_TxK=keep_TxK,
+      impl=cfg.impl,
     )
 
 

@@ -51,7 +51,9 @@ def _dropless_fn(impl, block):
   return jax.jit(f)
 
 
-@pytest.mark.parametrize("impl,block", [("blocked", 4), ("blocked", 16), ("ragged", 1)])
+@pytest.mark.parametrize(
+  "impl,block", [("fused", 4), ("fused", 16), ("blocked", 4), ("blocked", 16), ("ragged", 1)]
+)
 @pytest.mark.parametrize("E,K,skew", [(8, 2, False), (16, 4, True), (4, 1, False)])
 def test_dropless_matches_naive_loop(impl, block, E, K, skew):
   x, experts, weights, W = make_case(48, E, K, skew=skew)
@@ -59,17 +61,21 @@ def test_dropless_matches_naive_loop(impl, block, E, K, skew):
   np.testing.assert_allclose(y, naive_moe(x, experts, weights, W), atol=1e-5, rtol=1e-5)
 
 
-def _naive_grads(x, experts, weights, W, g):
-  """Per-expert weight gradients of Σ g·y from the naive loop, by hand (float64)."""
+def _naive_grads(x, experts, weights, W, g, kept=None):
+  """Gradients of Σ g·y from the naive loop, by hand (float64): dx, per-expert weight
+  gradients and d r (each assignment's combine weight). Unkept assignments add nothing."""
   wg, wu, wd = (np.asarray(w, np.float64) for w in W)
   dwg, dwu, dwd = np.zeros_like(wg), np.zeros_like(wu), np.zeros_like(wd)
-  dx = np.zeros(x.shape)
+  dx, dr = np.zeros(x.shape), np.zeros(weights.shape)
   for t in range(x.shape[0]):
     for j in range(experts.shape[1]):
+      if kept is not None and not kept[t, j]:
+        continue
       e, r = experts[t, j], weights[t, j]
       a, b = x[t] @ wg[e], x[t] @ wu[e]
       sig = 1 / (1 + np.exp(-a))
       h = a * sig * b
+      dr[t, j] = g[t] @ (h @ wd[e])
       dy = r * g[t]
       dwd[e] += np.outer(h, dy)
       dh = wd[e] @ dy
@@ -78,28 +84,52 @@ def _naive_grads(x, experts, weights, W, g):
       dwg[e] += np.outer(x[t], da)
       dwu[e] += np.outer(x[t], db)
       dx[t] += wg[e] @ da + wu[e] @ db
-  return dx, (dwg, dwu, dwd)
+  return dx, (dwg, dwu, dwd), dr
 
 
-@pytest.mark.parametrize("impl,block", [("blocked", 4), ("ragged", 1)])
+def _check_grads(got, want, experts):
+  """dx and d r globally; expert weights relative per expert (a global atol could hide one
+  wrong expert)."""
+  (dx, dW, dr), (ref_dx, ref_dW, ref_dr) = got, want
+  np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-5)
+  used = np.unique(experts)
+  for name, got_w, want_w in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
+    for e in range(want_w.shape[0]):
+      err = np.linalg.norm(got_w[e] - want_w[e]) / max(np.linalg.norm(want_w[e]), 1e-12)
+      assert err < 1e-4 if e in used else np.all(got_w[e] == 0), (name, e, err)
+
+
+@pytest.mark.parametrize("impl,block", [("fused", 4), ("blocked", 4), ("ragged", 1)])
 def test_dropless_gradients_per_expert(impl, block):
   E, K = 8, 2
   x, experts, weights, W = make_case(40, E, K, seed=3, skew=True)
   g = np.random.default_rng(9).normal(size=x.shape).astype(np.float32)
-  loss = lambda x, W: jnp.sum(
-    g * dsp.dropless(x, experts, weights, dsp.ExpertWeights(*W), impl=impl, block=block)
+  loss = lambda x, W, r: jnp.sum(
+    g * dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl=impl, block=block)
   )
-  dx, dW = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, W)
-  ref_dx, ref_dW = _naive_grads(x, experts, weights, W, g)
-  np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
-  used = np.unique(experts)
-  for name, got, want in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
-    for e in range(E):  # relative per expert: a global atol could hide one wrong expert
-      err = np.linalg.norm(got[e] - want[e]) / max(np.linalg.norm(want[e]), 1e-12)
-      if e in used:
-        assert err < 1e-4, (name, e, err)
-      else:
-        assert np.abs(got[e]).max() == 0.0, (name, e)
+  got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, W, weights)
+  _check_grads(got, _naive_grads(x, experts, weights, W, g), experts)
+
+
+@pytest.mark.parametrize("impl", ["fused", "blocked"])
+def test_capacity_gradients_match_naive_loop_on_kept_assignments(impl):
+  T, E, K, group = 32, 4, 2, 16
+  x, experts, weights, W = make_case(T, E, K, seed=5, skew=True)
+  g = np.random.default_rng(4).normal(size=x.shape).astype(np.float32)
+  cap = dsp.capacity(1.0, K, group, E, min_capacity=2)
+  order = dsp.drop_order("position", experts, weights, None, group)
+
+  def loss(x, W, r):
+    y, kept = dsp.capacity_dispatch(
+      x, experts, r, dsp.ExpertWeights(*W), cap=cap, group_size=group, order=order, impl=impl
+    )
+    return jnp.sum(g * y), kept
+
+  got, kept = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(x, W, weights)
+  kept = np.asarray(kept)
+  assert 0 < kept.sum() < kept.size  # the case really drops something
+  _check_grads(got, _naive_grads(x, experts, weights, W, g, kept), experts)
 
 
 def ref_capacity_keep(experts, sort_key, E, cap, group_size, keep=None):
@@ -306,8 +336,8 @@ def test_dispatch_validation_names_the_field(kwargs, field):
     )
 
 
-def test_auto_impl_on_cpu_is_blocked():
-  assert dsp.resolve_impl("auto") == ("blocked" if jax.default_backend() == "cpu" else "ragged")
+def test_auto_impl_on_cpu_is_fused():
+  assert dsp.resolve_impl("auto") == ("fused" if jax.default_backend() == "cpu" else "ragged")
 
 
 def test_block_drop_fraction_matches_reference_policy():

@@ -31,7 +31,7 @@ def _loss(fn, g_TxD):
 def _grad_fns(impl, K):
   g_TxD = jnp.asarray(np.random.default_rng(7).normal(size=(T, D)), jnp.float32)
   ours = lambda x, e, r, *W: dsp.dropless(x, e, r, dsp.ExpertWeights(*W), impl=impl, block=BLOCK)
-  grad = lambda fn: jax.jit(jax.value_and_grad(_loss(fn, g_TxD), argnums=(0, 1)))
+  grad = lambda fn: jax.jit(jax.value_and_grad(_loss(fn, g_TxD), argnums=(0, 1, 3)))
   return grad(ours), grad(reference)
 
 
@@ -60,6 +60,11 @@ def _case(seed=1):
 @pytest.mark.parametrize(
   "impl,K,kind",
   [
+    ("fused", 2, "random"),
+    ("fused", 2, "skewed"),
+    ("fused", 2, "all_to_one"),
+    ("fused", 2, "all_to_same_set"),
+    ("fused", 1, "all_to_one"),
     ("blocked", 2, "random"),
     ("blocked", 2, "skewed"),
     ("blocked", 2, "all_to_one"),
@@ -72,10 +77,11 @@ def test_dropless_forward_and_gradients_match_per_token_reference(impl, K, kind)
   x, W = _case()
   experts, weights = routing(kind, K)
   ours, ref = _grad_fns(impl, K)
-  (val, (dx, dW)) = ours(x, W, experts, weights)
-  (ref_val, (ref_dx, ref_dW)) = ref(x, W, experts, weights)
+  (val, (dx, dW, dr)) = ours(x, W, experts, weights)
+  (ref_val, (ref_dx, ref_dW, ref_dr)) = ref(x, W, experts, weights)
   np.testing.assert_allclose(val, ref_val, rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-4)
   used = np.unique(experts)
   for name, got, want in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
     for e in range(E):  # per expert, so one wrong expert cannot hide under a global tolerance
