@@ -1,10 +1,10 @@
 """MoEBlock forward+backward time over a dense SwiGLU FFN of width K·f on the same tokens.
 
-Run: python benchmarks/moe_layer.py [--repeats 7] [--block 32]
-Prints one row per (T, d, f, E, K) with the ratios dropless/dense, capacity(1.25)/dense
-and, when torch and transformers are installed (`pip install -e .[bench]`), dropless over
-transformers' OLMoE sparse block on the same shape (below 1: ours is faster), all timed
-interleaved in the same process.
+Run: python benchmarks/moe_layer.py [--repeats 7] [--block 32] [--impls fused,blocked]
+Prints one row per (T, d, f, E, K) and dispatch impl with the ratios dropless/dense,
+capacity(1.25)/dense and, when torch and transformers are installed
+(`pip install -e .[bench]`), dropless over transformers' OLMoE sparse block on the same
+shape (below 1: ours is faster), all timed interleaved in the same process.
 """
 
 from __future__ import annotations
@@ -45,17 +45,20 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--block", type=int, default=32)
   p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+  p.add_argument("--impls", default="auto", help="dispatch impls to time side by side")
   args = p.parse_args()
   hf = hf_olmoe.available() and not args.no_hf
   print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")
-  print("| T | d | f | E | K | dense ms | dropless/dense | capacity1.25/dense | dropless/OLMoE |")
-  print("|---|---|---|---|---|---:|---:|---:|---:|")
+  impls = args.impls.split(",")
+  print("| T | d | f | E | K | impl | dense ms | dropless/dense | capacity1.25/dense | dropless/OLMoE |")
+  print("|---|---|---|---|---|---|---:|---:|---:|---:|")
   for T, d, f, E, K in CASES:
     x = jax.random.normal(jax.random.key(0), (T, d), jnp.float32)
     rngs = nnx.Rngs(0)
     fns = {"dense": fwd_bwd(DenseFFN(d, K * f, rngs=rngs), x, False)}
-    for mode in ("dropless", "capacity"):
+    for impl, mode in ((i, m) for i in impls for m in ("dropless", "capacity")):
       cfg = MoEConfig(
+        impl=impl,
         d_model=d,
         n_experts=E,
         top_k=K,
@@ -65,17 +68,19 @@ def main() -> None:
         eval_capacity_factor=1.25,
         block_size=args.block,
       )
-      fns[mode] = fwd_bwd(MoEBlock(cfg, rngs=rngs), x, True)
+      fns[impl, mode] = fwd_bwd(MoEBlock(cfg, rngs=rngs), x, True)
     label = "not measured (no torch/transformers)"
     if hf:
       fns["olmoe"], label = hf_olmoe.fwd_bwd(T, d, f, E, K)
     t = interleaved_min(fns, args.repeats)
-    vs_hf = f"{t['dropless'] / t['olmoe']:.2f}" if hf else "-"
-    print(
-      f"| {T} | {d} | {f} | {E} | {K} | {t['dense'] * 1e3:.1f} | "
-      f"{t['dropless'] / t['dense']:.2f} | {t['capacity'] / t['dense']:.2f} | {vs_hf} |",
-      flush=True,
-    )
+    for impl in impls:
+      drop, cap = t[impl, "dropless"], t[impl, "capacity"]
+      vs_hf = f"{drop / t['olmoe']:.2f}" if hf else "-"
+      print(
+        f"| {T} | {d} | {f} | {E} | {K} | {impl} | {t['dense'] * 1e3:.1f} | "
+        f"{drop / t['dense']:.2f} | {cap / t['dense']:.2f} | {vs_hf} |",
+        flush=True,
+      )
   print(f"OLMoE block: {label}")
 
 
