@@ -1,7 +1,7 @@
 """Training throughput at the fine-grained shapes the calibration study uses, vs dense.
 
 Run: python benchmarks/study_shape.py [--repeats 5] [--shapes 64/8/32,32/4/64] [--quickstart]
-  [--impls bucketed,blocked]
+  [--impls fused,blocked]
 Each shape is `base_config()` with `model.moe.update(rule="qwen3_moe", n_experts=E,
 top_k=K, d_expert=f)`, against a dense twin with d_ff = K·f, timed interleaved in one
 process (see train_step.py). `--quickstart` adds configs/quickstart.py as a row. `--impls`
