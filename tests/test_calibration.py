@@ -145,6 +145,9 @@ def report(tmp_path_factory):
   for seed in (0, 1, 2):
     for rule in ("qwen3_moe", "olmoe"):
       _write_run(root, f"a-{rule}-s{seed}", rule, seed)
+  for seed in (0, 1):  # factor D: one of its two variants
+    for rule in ("qwen3_moe", "olmoe"):
+      _write_run(root, f"d-init_wide-{rule}-s{seed}", rule, seed + 10, steps=(600,))
   out = tmp_path_factory.mktemp("out")
   report = importlib.import_module("report")
   text = report.build(root, out)
@@ -153,7 +156,7 @@ def report(tmp_path_factory):
 
 def test_report_lists_missing_runs_and_writes_figures(report):
   root, out, text = report
-  assert "6 of 22 runs finished" in text
+  assert "10 of 22 runs finished" in text
   native = json.loads((root / "a-olmoe-s1" / "eval" / "k_grid.jsonl").read_text().splitlines()[0])
   assert f"| a-olmoe-s1 | A | olmoe | {native['loss']:.4f} |" in text  # held-out loss table
   assert "b-kplus1" in text  # missing runs are named, not estimated
@@ -180,6 +183,17 @@ def test_report_verdicts_follow_the_fixture(report):
   assert "k1 = 2:" in h1 and "k2 = K loses less" in h1 and "Best k2 here: 8." in h1
   h2 = text.split("**H2**")[1].split("**H3**")[0]
   assert "renormalizing hurts" in h2.split("k1 = 2:")[1].splitlines()[0]
+
+
+def test_report_repeats_h1_and_h2_for_each_factor_d_variant(report):
+  _, _, text = report
+  d = text.split("**Factor D**")[1].split("## Figures")[0]
+  assert "e32k4 (n_experts=32, top_k=4, d_expert=64), qwen3_moe: not run yet." in d
+  renorm = d.split("init_wide (expert_init_std=")[1]
+  assert "qwen3_moe, 2 seed(s), K = 8:" in renorm.splitlines()[0]
+  assert "k2 = K loses less" in renorm.split("k1 = 2:")[1].splitlines()[0]
+  plain = d.split("olmoe, 2 seed(s), K = 8:")[1]
+  assert "renormalizing hurts" in plain.split("k1 = 2:")[1].splitlines()[0]
 
 
 def test_tpu_sweep_mirrors_the_runs_at_checkpoints_that_exist():

@@ -23,15 +23,12 @@ def _est(runs, cell, **kw) -> str:
   return "—" if e is None else e.fmt()
 
 
-def h1(panels: dict, best: dict) -> list[str]:
-  runs = panels.get(RENORM_PANEL)
-  if not runs:
-    return ["**H1** (renormalized models lose much less at k1 < K with k2 ≥ K): not run yet."]
-  K = runs[0].top_k
-  out = [f"**H1** (renormalized-trained `qwen3_moe`, {len(runs)} seed(s); k2 = K vs k2 = k1):"]
+def renorm_lines(runs: list, best: dict) -> list[str]:
+  """Per k1 < K: Δ(k2=k1), Δ(k2=K) and their difference, for a renormalized-trained panel."""
+  K, out = runs[0].top_k, []
   for k1 in sorted({a for (a, _) in runs[0].final_grid if a < K}, reverse=True):
     c = res.estimate(runs, (k1, K), against=(k1, k1))
-    b = best[RENORM_PANEL].get(k1)
+    b = best.get(k1)
     e_k1, e_K = res.estimate(runs, (k1, k1)), res.estimate(runs, (k1, K))
     kept = ""
     if e_k1 and e_K and e_k1.mean:
@@ -44,13 +41,9 @@ def h1(panels: dict, best: dict) -> list[str]:
   return out
 
 
-def h2(panels: dict) -> list[str]:
-  runs = panels.get(PLAIN_PANEL)
-  if not runs:
-    return ["**H2** (unnormalized models are best at native, hurt by renormalizing): not run yet."]
-  out = [
-    f"**H2** (`olmoe`, trained without renormalization, {len(runs)} seed(s); k2 = k1 vs native):"
-  ]
+def plain_lines(runs: list) -> list[str]:
+  """Per k1: Δ(native), Δ(k2=k1) and their difference, for a panel trained unnormalized."""
+  out = []
   for k1 in sorted({a for (a, _) in runs[0].final_grid}, reverse=True):
     c = res.estimate(runs, (k1, k1), against=(k1, "native"))
     out.append(
@@ -58,6 +51,38 @@ def h2(panels: dict) -> list[str]:
       f"{_est(runs, (k1, k1))}; renormalized − native {c.fmt() if c else '—'}: "
       f"{verdict(c, 'renormalizing helps', 'renormalizing hurts')}."
     )
+  return out
+
+
+def h1(panels: dict, best: dict) -> list[str]:
+  runs = panels.get(RENORM_PANEL)
+  if not runs:
+    return ["**H1** (renormalized models lose much less at k1 < K with k2 ≥ K): not run yet."]
+  head = f"**H1** (renormalized-trained `qwen3_moe`, {len(runs)} seed(s); k2 = K vs k2 = k1):"
+  return [head] + renorm_lines(runs, best[RENORM_PANEL])
+
+
+def h2(panels: dict) -> list[str]:
+  runs = panels.get(PLAIN_PANEL)
+  if not runs:
+    return ["**H2** (unnormalized models are best at native, hurt by renormalizing): not run yet."]
+  head = f"**H2** (`olmoe`, trained without renormalization, {len(runs)} seed(s); k2 = k1 vs native):"
+  return [head] + plain_lines(runs)
+
+
+def factor_d(panels: dict, best: dict, variants: dict[str, str]) -> list[str]:
+  """H1 and H2 again under each factor-D variant (`variants`: name → what it changes)."""
+  out = ["**Factor D** (scale sensitivity: H1 and H2 at a second shape and init scale):"]
+  for variant, what in variants.items():
+    for rule, lines in (("qwen3_moe", renorm_lines), ("olmoe", plain_lines)):
+      title = f"D {variant} {rule}"
+      runs = panels.get(title)
+      if not runs:
+        out.append(f"- {variant} ({what}), {rule}: not run yet.")
+        continue
+      args = (runs, best[title]) if rule == "qwen3_moe" else (runs,)
+      out.append(f"- {variant} ({what}), {rule}, {len(runs)} seed(s), K = {runs[0].top_k}:")
+      out += ["  " + line for line in lines(*args)]
   return out
 
 
@@ -113,9 +138,10 @@ def h5(panels: dict, best: dict, k1: int) -> list[str]:
   return out if len(out) > 1 else out + ["- not run yet."]
 
 
-def statements(panels: dict, best: dict, k1: int) -> str:
+def statements(panels: dict, best: dict, k1: int, variants: dict[str, str]) -> str:
   lines = ["## Findings\n"]
   for block in (h1(panels, best), h2(panels), h3(panels, k1), h4(panels, k1)):
     lines += block + [""]
   lines += h5(panels, best, k1) + [""]
+  lines += factor_d(panels, best, variants) + [""]
   return "\n".join(lines)

@@ -22,6 +22,11 @@ import sweep as sweep_file
 import tables
 
 PANEL_K1 = 2  # factor C follows the loss at k1 = 2 (K/4 of the main shape)
+# Factor D's variants as what they override, e.g. "n_experts=32, top_k=4, d_expert=64".
+VARIANT_TEXT = {
+  name: ", ".join(f"{k.split('.')[-1]}={v}" for k, v in overrides.items())
+  for name, overrides in sweep_file.VARIANTS
+}
 
 
 def group(runs: dict[str, res.RunResult], **match) -> list[res.RunResult]:
@@ -54,7 +59,7 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
     tables.header(sweep, runs),
     tables.setup(runs),
     tables.native_losses(runs),
-    hypotheses.statements(pan, best, PANEL_K1),
+    hypotheses.statements(pan, best, PANEL_K1, VARIANT_TEXT),
   ]
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
