@@ -50,7 +50,9 @@ def main() -> None:
   hf = hf_olmoe.available() and not args.no_hf
   print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")
   impls = args.impls.split(",")
-  print("| T | d | f | E | K | impl | dense ms | dropless/dense | capacity1.25/dense | dropless/OLMoE |")
+  print(
+    "| T | d | f | E | K | impl | dense ms | dropless/dense | capacity1.25/dense | dropless/OLMoE |"
+  )
   print("|---|---|---|---|---|---|---:|---:|---:|---:|")
   for T, d, f, E, K in CASES:
     x = jax.random.normal(jax.random.key(0), (T, d), jnp.float32)

@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax.grouped import Blocks, _accumulate, _get, _put, _t
+from moejax.grouped import _accumulate, _forward, _get, _put, _t
 
 
 def _rows(a_NxD, idx):
@@ -27,27 +27,9 @@ def _rows(a_NxD, idx):
   return jnp.take(a_NxD, idx, axis=0, mode="fill", fill_value=0)
 
 
-def _forward(x_RxD, w_R, w_gu, w_down, blocks: list[Blocks], sizes):
-  R, F2 = x_RxD.shape[0], w_gu.shape[-1]
-  F = F2 // 2
-  carry = (jnp.zeros_like(x_RxD), jnp.zeros((R, F2), x_RxD.dtype))
-  for size, blk in zip(sizes, blocks):
-
-    def body(i, carry, size=size, blk=blk):
-      y_RxD, gu_Rx2F = carry
-      e, start = blk.expert_N[i], blk.start_N[i]
-      gu_Bx2F = _get(x_RxD, start, size) @ w_gu[e]
-      h_BxF = jax.nn.silu(gu_Bx2F[:, :F]) * gu_Bx2F[:, F:]
-      y_BxD = (h_BxF @ w_down[e]) * _get(w_R, start, size)[:, None]
-      return _put(y_RxD, y_BxD, start), _put(gu_Rx2F, gu_Bx2F, start)
-
-    carry = jax.lax.fori_loop(0, blk.n_used, body, carry)
-  return carry
-
-
 def _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
   w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
-  y_RxD, gu_Rx2F = _forward(_rows(x_TxD, tok_R), w_R, w_gu, w_down, blocks, sizes)
+  y_RxD, gu_Rx2F = _forward(_rows(x_TxD, tok_R), w_gu, w_down, blocks, sizes, w_R)
   return _rows(y_RxD, row_TxK).sum(axis=1), (gu_Rx2F, w_gu)
 
 

@@ -40,7 +40,9 @@ def _accumulate(w_ExMxN, e, dw_MxN):
   return jax.lax.dynamic_update_index_in_dim(w_ExMxN, cur + dw_MxN.astype(cur.dtype), e, 0)
 
 
-def _forward(x_RxD, w_gu_ExDx2F, w_down_ExFxD, blocks, sizes):
+def _forward(x_RxD, w_gu_ExDx2F, w_down_ExFxD, blocks, sizes, w_R=None):
+  """(y_RxD, gu_Rx2F): each block's SwiGLU output (times its rows' `w_R` when given) and
+  its gate/up projection, zeros on rows no block covers."""
   R, F2 = x_RxD.shape[0], w_gu_ExDx2F.shape[-1]
   F = F2 // 2
   carry = (jnp.zeros_like(x_RxD), jnp.zeros((R, F2), x_RxD.dtype))
@@ -51,7 +53,10 @@ def _forward(x_RxD, w_gu_ExDx2F, w_down_ExFxD, blocks, sizes):
       e, start = blk.expert_N[i], blk.start_N[i]
       gu_Bx2F = _get(x_RxD, start, size) @ w_gu_ExDx2F[e]
       h_BxF = jax.nn.silu(gu_Bx2F[:, :F]) * gu_Bx2F[:, F:]
-      return _put(y_RxD, h_BxF @ w_down_ExFxD[e], start), _put(gu_Rx2F, gu_Bx2F, start)
+      y_BxD = h_BxF @ w_down_ExFxD[e]
+      if w_R is not None:
+        y_BxD = y_BxD * _get(w_R, start, size)[:, None]
+      return _put(y_RxD, y_BxD, start), _put(gu_Rx2F, gu_Bx2F, start)
 
     carry = jax.lax.fori_loop(0, blk.n_used, body, carry)
   return carry

@@ -66,7 +66,9 @@ def h2(panels: dict) -> list[str]:
   runs = panels.get(PLAIN_PANEL)
   if not runs:
     return ["**H2** (unnormalized models are best at native, hurt by renormalizing): not run yet."]
-  head = f"**H2** (`olmoe`, trained without renormalization, {len(runs)} seed(s); k2 = k1 vs native):"
+  head = (
+    f"**H2** (`olmoe`, trained without renormalization, {len(runs)} seed(s); k2 = k1 vs native):"
+  )
   return [head] + plain_lines(runs)
 
 
