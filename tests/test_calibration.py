@@ -98,7 +98,9 @@ TRUE = {  # mean per-sequence Δ by rule and cell, used to synthesise the fixtur
 }
 
 
-def _write_run(root: pathlib.Path, name: str, rule: str, seed: int, steps=(150, 300, 600)):
+def _write_run(
+  root: pathlib.Path, name: str, rule: str, seed: int, steps=(150, 300, 600), truth=None
+):
   rng = np.random.default_rng(seed * 7 + len(rule))
   d = root / name
   (d / "eval").mkdir(parents=True)
@@ -120,7 +122,7 @@ def _write_run(root: pathlib.Path, name: str, rule: str, seed: int, steps=(150, 
         "loss_per_sequence": base_N.tolist(),
       }
     ]
-    for (k1, k2), mu in TRUE[rule].items():
+    for (k1, k2), mu in (truth or TRUE[rule]).items():
       loss_N = base_N + mu * step / 600 + seed_shift + 0.05 * rng.standard_normal(N)
       grid.append(
         {
@@ -148,6 +150,9 @@ def report(tmp_path_factory):
   for seed in (0, 1):  # factor D: one of its two variants
     for rule in ("qwen3_moe", "olmoe"):
       _write_run(root, f"d-init_wide-{rule}-s{seed}", rule, seed + 10, steps=(600,))
+  # factor B: a convention whose top-K denominator hurts (native best at k1 = 2)
+  hurts = {(2, "native"): 0.1, (2, 2): 0.6, (2, 8): 0.4, (2, 64): 0.1, (2, "gain"): 0.1}
+  _write_run(root, "b-qwen2_moe", "qwen2_moe", 3, steps=(600,), truth=hurts)
   out = tmp_path_factory.mktemp("out")
   report = importlib.import_module("report")
   text = report.build(root, out)
@@ -156,7 +161,7 @@ def report(tmp_path_factory):
 
 def test_report_lists_missing_runs_and_writes_figures(report):
   root, out, text = report
-  assert "10 of 22 runs finished" in text
+  assert "11 of 22 runs finished" in text
   native = json.loads((root / "a-olmoe-s1" / "eval" / "k_grid.jsonl").read_text().splitlines()[0])
   assert f"| a-olmoe-s1 | A | olmoe | {native['loss']:.4f} |" in text  # held-out loss table
   assert "b-kplus1" in text  # missing runs are named, not estimated
@@ -183,6 +188,13 @@ def test_report_verdicts_follow_the_fixture(report):
   assert "k1 = 2:" in h1 and "k2 = K loses less" in h1 and "Best k2 here: 8." in h1
   h2 = text.split("**H2**")[1].split("**H3**")[0]
   assert "renormalizing hurts" in h2.split("k1 = 2:")[1].splitlines()[0]
+
+
+def test_report_h3_says_whether_the_top_k_denominator_helps(report):
+  _, _, text = report
+  h3 = text.split("**H3**")[1].split("**H4**")[0]
+  line = [ln for ln in h3.splitlines() if ln.startswith("- qwen2_moe:")][0]
+  assert "k2=K − native +0.3" in line and line.endswith("the top-K denominator hurts.")
 
 
 def test_report_repeats_h1_and_h2_for_each_factor_d_variant(report):

@@ -89,7 +89,10 @@ def factor_d(panels: dict, best: dict, variants: dict[str, str]) -> list[str]:
 
 
 def h3(panels: dict, k1: int) -> list[str]:
-  out = [f"**H3** (other conventions, factor B, one seed each; Δ at k1 = {k1}):"]
+  out = [
+    f"**H3** (other conventions, factor B, one seed each; Δ at k1 = {k1}, and whether the "
+    "k1:k2 trick with k2 = K beats the convention's own rule there):"
+  ]
   b_panels = {t: r for t, r in panels.items() if t.startswith("B ")}
   if not b_panels:
     return out + ["- not run yet."]
@@ -98,7 +101,12 @@ def h3(panels: dict, k1: int) -> list[str]:
     cells = [("native", (k1, "native")), ("k2=k1", (k1, k1)), ("k2=K", (k1, K))]
     cells += [("sqrt", (k1, "sqrt")), ("gain", (k1, "gain"))]
     parts = [f"{name} {_est(runs, c)}" for name, c in cells if c in runs[0].final_grid]
-    out.append(f"- {title[2:]}: " + "; ".join(parts) + ".")
+    trick = res.estimate(runs, (k1, K), against=(k1, "native"))
+    said = verdict(trick, "the top-K denominator helps", "the top-K denominator hurts")
+    out.append(
+      f"- {title[2:]}: " + "; ".join(parts) + f". k2=K − native {trick.fmt() if trick else '—'}: "
+      f"{said}."
+    )
   return out
 
 
