@@ -82,34 +82,50 @@ def _t(a_MxN):
   return jax.lax.optimization_barrier(a_MxN.T)
 
 
-def _bwd(sizes, res, dy_RxD):
-  x_RxD, gu_Rx2F, w_gu, w_down, blocks = res
-  F = w_down.shape[1]
-  f32 = jnp.float32
+def _backward(x_RxD, dy_RxD, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R=None):
+  """The block loops of the backward pass: (dx_RxD, dw_R, dW_gu, dW_down), f32 weight
+  gradients. With `w_R` (rows scaled by a weight in the forward pass) dw_R[r] =
+  Σ_f h·(dy @ W_downᵀ) comes from the product dh needs anyway; without it, dw_R is None."""
+  F, f32 = w_down.shape[1], jnp.float32
   w_gu_Ex2FxD, w_down_ExDxF = jnp.swapaxes(w_gu, 1, 2), jnp.swapaxes(w_down, 1, 2)
-  carry = (jnp.zeros_like(x_RxD), jnp.zeros(w_gu.shape, f32), jnp.zeros(w_down.shape, f32))
+  dw_R = None if w_R is None else jnp.zeros_like(w_R)
+  carry = (jnp.zeros_like(x_RxD), dw_R, jnp.zeros(w_gu.shape, f32), jnp.zeros(w_down.shape, f32))
   for size, blk in zip(sizes, blocks):
 
     def body(i, carry, size=size, blk=blk):
-      dx_RxD, dwgu, dwd = carry
+      dx_RxD, dw_R, dwgu, dwd = carry
       e, start = blk.expert_N[i], blk.start_N[i]
       x_BxD, dy_BxD = _get(x_RxD, start, size), _get(dy_RxD, start, size)
       gu_Bx2F = _get(gu_Rx2F, start, size)
       g_BxF, u_BxF = gu_Bx2F[:, :F], gu_Bx2F[:, F:]
       sig = jax.nn.sigmoid(g_BxF)
       a_BxF = g_BxF * sig
-      dh_BxF = dy_BxD @ w_down_ExDxF[e]
+      h_BxF = a_BxF * u_BxF
+      dh_BxF = dy_BxD @ w_down_ExDxF[e]  # dL/dh before any row weight
+      if w_R is not None:
+        w_Bx1 = _get(w_R, start, size)[:, None]
+        dw_R = _put(dw_R, jnp.sum(h_BxF * dh_BxF, -1), start)
+        dh_BxF, h_BxF = dh_BxF * w_Bx1, h_BxF * w_Bx1
       dg_BxF = dh_BxF * u_BxF * sig * (1 + g_BxF * (1 - sig))
       dgu_Bx2F = jnp.concatenate([dg_BxF, dh_BxF * a_BxF], axis=-1)
-      dwd = _accumulate(dwd, e, _t(a_BxF * u_BxF) @ dy_BxD)
+      dwd = _accumulate(dwd, e, _t(h_BxF) @ dy_BxD)
       dwgu = _accumulate(dwgu, e, _t(x_BxD) @ dgu_Bx2F)
-      return _put(dx_RxD, dgu_Bx2F @ w_gu_Ex2FxD[e], start), dwgu, dwd
+      return _put(dx_RxD, dgu_Bx2F @ w_gu_Ex2FxD[e], start), dw_R, dwgu, dwd
 
     carry = jax.lax.fori_loop(0, blk.n_used, body, carry)
-  dx, dwgu, dwd = carry
-  none = lambda a: jnp.zeros(a.shape, jax.dtypes.float0)
+  return carry
+
+
+def _float0(a):
+  """The cotangent of an integer input."""
+  return jnp.zeros(a.shape, jax.dtypes.float0)
+
+
+def _bwd(sizes, res, dy_RxD):
+  x_RxD, gu_Rx2F, w_gu, w_down, blocks = res
+  dx, _, dwgu, dwd = _backward(x_RxD, dy_RxD, gu_Rx2F, w_gu, w_down, blocks, sizes)
   dwg, dwu = (d.astype(w_gu.dtype) for d in jnp.split(dwgu, 2, axis=-1))
-  return (dx, dwg, dwu, dwd.astype(w_down.dtype), jax.tree.map(none, blocks))
+  return (dx, dwg, dwu, dwd.astype(w_down.dtype), jax.tree.map(_float0, blocks))
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)

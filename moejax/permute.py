@@ -13,26 +13,25 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _take_ext(x_NxD: jax.Array, idx: jax.Array) -> jax.Array:
+def take_or_zero(x_NxD: jax.Array, idx: jax.Array) -> jax.Array:
   """x[idx] where idx == N selects a zero row (the sentinel for padding and drops)."""
-  zero_1xD = jnp.zeros((1,) + x_NxD.shape[1:], x_NxD.dtype)
-  return jnp.concatenate([x_NxD, zero_1xD])[idx]
+  return jnp.take(x_NxD, idx, axis=0, mode="fill", fill_value=0)
 
 
 @jax.custom_vjp
 def take_rows(x_NxD: jax.Array, src_M: jax.Array, dst_NxJ: jax.Array) -> jax.Array:
   """out[m] = x[src[m]] (zero if src[m] == N); `dst` is the inverse: the J rows of out
   that read each input row (M for none). The VJP is dx[n] = Σ_j g[dst[n, j]]."""
-  return _take_ext(x_NxD, src_M)
+  return take_or_zero(x_NxD, src_M)
 
 
 def _take_rows_fwd(x_NxD, src_M, dst_NxJ):
-  return _take_ext(x_NxD, src_M), (src_M, dst_NxJ)
+  return take_or_zero(x_NxD, src_M), (src_M, dst_NxJ)
 
 
 def _take_rows_bwd(res, g_MxD):
   src_M, dst_NxJ = res
-  dx_NxD = _take_ext(g_MxD, dst_NxJ).sum(axis=1)
+  dx_NxD = take_or_zero(g_MxD, dst_NxJ).sum(axis=1)
   zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
   return dx_NxD, zero(src_M), zero(dst_NxJ)
 
