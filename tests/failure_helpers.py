@@ -8,33 +8,46 @@ import os
 import jax
 import ml_collections
 import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from moejax import config as config_lib
 
-# d_model 32, 2 layers, E 4, seq 16, batch 4 (the issue's tiny config).
-TINY = {
+# The shape every trainer test shares: 2 layers, d_model 32, synthetic data, batch 4.
+TINY_SHAPE = {
   "model.n_layers": 2,
   "model.d_model": 32,
   "model.d_ff": 64,
   "model.n_heads": 2,
   "model.n_kv_heads": 1,
-  "model.moe.n_experts": 4,
-  "model.moe.top_k": 2,
   "model.moe.d_expert": 32,
   "data.corpus": "synthetic",
   "data.synthetic_docs": 200,
   "data.batch_size": 4,
-  "data.seq_len": 16,
+}
+
+# TINY_SHAPE with the cadence every trainer test shares: 6 steps, a log line each, a
+# checkpoint every 3, no periodic eval, no wandb.
+TINY_RUN = {
+  **TINY_SHAPE,
   "train.steps": 6,
   "train.log_every": 1,
   "train.eval_every": 100,
   "train.ckpt_every": 3,
   "train.eval_sequences": 4,
+  "eval.batch_size": 4,
+  "wandb.mode": "disabled",
+}
+
+# d_model 32, 2 layers, E 4, seq 16, batch 4 (the issue's tiny config).
+TINY = {
+  **TINY_RUN,
+  "model.moe.n_experts": 4,
+  "model.moe.top_k": 2,
+  "data.seq_len": 16,
   "train.progress": False,
   "optim.warmup_steps": 2,
-  "eval.batch_size": 4,
   "eval.sequences": 8,
-  "wandb.mode": "disabled",
 }
 
 
@@ -51,10 +64,30 @@ def override(c: ml_collections.ConfigDict, values: dict) -> ml_collections.Confi
   return c
 
 
-def tiny(**values) -> ml_collections.ConfigDict:
-  """base_config() shrunk by TINY, then `values` (dotted keys spelled with `__`)."""
+def tiny(base: dict = TINY, **values) -> ml_collections.ConfigDict:
+  """base_config() shrunk by `base` (TINY), then `values` (dotted keys spelled with `__`)."""
   extra = {k.replace("__", "."): v for k, v in values.items()}
-  return override(override(config_lib.base_config(), TINY), extra)
+  return override(override(config_lib.base_config(), base), extra)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fast_compiles(tmp_path_factory):
+  """A persistent XLA cache and XLA's cheap (-O0-like) compiles, for each module that
+  imports this fixture (autouse applies where pytest finds it: the importing module)."""
+  values = {
+    "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_min_entry_size_bytes": -1,
+    "jax_disable_most_optimizations": True,
+  }
+  old = {n: jax.config.values[n] for n in values}
+  for n, v in values.items():
+    jax.config.update(n, v)
+  compilation_cache.reset_cache()
+  yield
+  for n, v in old.items():
+    jax.config.update(n, v)
+  compilation_cache.reset_cache()
 
 
 def cli_args(values: dict) -> list[str]:

@@ -18,8 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from failure_helpers import assert_trees_equal, metric_rows, override, same_rows, tiny
-from jax.experimental.compilation_cache import compilation_cache
+from failure_helpers import (  # fast_compiles: autouse for this module
+  assert_trees_equal,
+  fast_compiles,  # noqa: F401
+  metric_rows,
+  override,
+  same_rows,
+  tiny,
+)
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from moejax import checkpoint, kgrid, loop, nonfinite, trainer
@@ -40,24 +46,6 @@ CONFIG = tiny(
 class Log(list):
   def __call__(self, line):
     self.append(line)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fast_compiles(tmp_path_factory):
-  values = {
-    "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-    "jax_persistent_cache_min_compile_time_secs": 0.0,
-    "jax_persistent_cache_min_entry_size_bytes": -1,
-    "jax_disable_most_optimizations": True,
-  }
-  old = {n: jax.config.values[n] for n in values}
-  for n, v in values.items():
-    jax.config.update(n, v)
-  compilation_cache.reset_cache()
-  yield
-  for n, v in old.items():
-    jax.config.update(n, v)
-  compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from failure_helpers import TINY_RUN
 
 from moejax import distributed
 from moejax.data import Shard, TrainIterator
@@ -29,26 +30,12 @@ from moejax.errors import UserError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
 TINY = {
-  "model.n_layers": 2,
-  "model.d_model": 32,
-  "model.d_ff": 64,
-  "model.n_heads": 2,
-  "model.n_kv_heads": 1,
-  "model.moe.d_expert": 32,
-  "data.corpus": "synthetic",
-  "data.synthetic_docs": 200,
+  **TINY_RUN,
   "data.tokenizer": "bpe",
   "data.bpe_vocab_size": 300,
-  "data.batch_size": 4,
   "data.seq_len": 32,
   "train.steps": 5,
-  "train.log_every": 1,
-  "train.eval_every": 100,
-  "train.ckpt_every": 3,
-  "train.eval_sequences": 4,
-  "eval.batch_size": 4,
   "eval.after_train": False,
-  "wandb.mode": "disabled",
 }
 
 

@@ -29,33 +29,19 @@ SCRIPT = textwrap.dedent(r'''
   import jax, jax.numpy as jnp, numpy as np
   from moejax import config as config_lib, optim, sharding, trainer, step as step_lib
   from moejax.errors import UserError
+  sys.path.insert(0, "tests")  # the script runs with the repository as its cwd
+  from failure_helpers import TINY_SHAPE, override
 
   assert jax.device_count() == 8, jax.devices()
 
   def config(**values):
-    c = config_lib.base_config()
-    base = {"model.n_layers": 2, "model.d_model": 32, "model.d_ff": 64, "model.n_heads": 2,
-            "model.n_kv_heads": 1, "model.moe.d_expert": 32, "data.corpus": "synthetic",
-            "data.synthetic_docs": 200, "data.batch_size": 8, "data.seq_len": 16,
+    base = {**TINY_SHAPE, "data.batch_size": 8, "data.seq_len": 16,
             "optim.warmup_steps": 0, "train.steps": 10, "wandb.mode": "disabled",
             # Adam's g/(|g| + eps) turns rounding-level gradient differences of near-zero
             # gradients into O(lr) parameter differences; a large eps keeps the comparison
             # at the gradients' precision.
             "optim.eps": 1e-3}
-    for dotted, v in {**base, **values}.items():
-      *parents, leaf = dotted.split(".")
-      node = c
-      for p in parents:
-        node = node[p]
-      assert leaf in node, dotted
-      node[leaf] = v
-    return c
-
-  def loss_config(c, n_shards):
-    return step_lib.LossConfig(
-        balance_weight=c.loss.balance_weight, balance_granularity=c.loss.balance_granularity,
-        z_loss_weight=c.loss.z_loss_weight, bias_update_rate=c.loss.bias_update_rate,
-        n_shards=n_shards, grad_accum=c.train.grad_accum)
+    return override(config_lib.base_config(), {**base, **values})
 
   def two_steps(c):
     """2 steps on the mesh of c (as trainer.train jits them) and on one device, unsharded."""
@@ -67,7 +53,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # Sharded, exactly as trainer.train runs it.
     shardings = sharding.state_sharding(run.state, run.mesh)
-    lc = loss_config(c, sharding.data_shards(run.mesh))
+    lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
     fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
                  out_shardings=(shardings, None))
     batch = jax.device_put(tokens, sharding.batch_sharding(run.mesh))
@@ -88,7 +74,8 @@ SCRIPT = textwrap.dedent(r'''
 
     # One device, no shardings.
     dev0 = jax.devices()[0]
-    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, loss_config(c, 1), schedule))
+    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, step_lib.LossConfig.from_config(c, n_shards=1),
+                                            schedule))
     ref = jax.device_put(host_state, dev0)
     ref_batch = jax.device_put(tokens, dev0)
     for i in range(2):

@@ -22,58 +22,34 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from failure_helpers import assert_trees_equal, metric_rows, override
+from failure_helpers import (  # fast_compiles: autouse for this module
+  TINY_RUN,
+  assert_trees_equal,
+  fast_compiles,  # noqa: F401
+  metric_rows,
+  override,
+  tiny,
+)
 from flax import nnx
-from jax.experimental.compilation_cache import compilation_cache
 
 from moejax import checkpoint, optim, sharding, trainer
-from moejax import config as config_lib
 from moejax import step as step_lib
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 QUIET = {"log": lambda *a: None}
 
 # Tiny shapes for every test here: 2 layers, d_model 32, batch 4 x 32 tokens.
-TINY = {
-  "model.n_layers": 2,
-  "model.d_model": 32,
-  "model.d_ff": 64,
-  "model.n_heads": 2,
-  "model.n_kv_heads": 1,
-  "model.moe.d_expert": 32,
-  "data.corpus": "synthetic",
-  "data.synthetic_docs": 200,
-  "data.batch_size": 4,
-  "data.seq_len": 32,
-  "train.steps": 6,
-  "train.log_every": 1,
-  "train.eval_every": 100,
-  "train.ckpt_every": 3,
-  "train.eval_sequences": 4,
-  "train.progress": False,
-  "eval.batch_size": 4,
-  "wandb.mode": "disabled",
-}
+TINY = {**TINY_RUN, "data.seq_len": 32, "train.progress": False}
 
 
 def tiny_config(**values) -> ml_collections.ConfigDict:
-  """base_config() shrunk by TINY, then `values` (dotted keys spelled with `__`)."""
-  return override(
-    override(config_lib.base_config(), TINY), {k.replace("__", "."): v for k, v in values.items()}
-  )
+  """base_config() shrunk by this module's TINY, then `values` (keys spelled with `__`)."""
+  return tiny(TINY, **values)
 
 
 def loss_config(c: ml_collections.ConfigDict, **changes) -> step_lib.LossConfig:
   """The LossConfig trainer.train builds from `c` (one device: n_shards 1)."""
-  lc = step_lib.LossConfig(
-    balance_weight=c.loss.balance_weight,
-    balance_granularity=c.loss.balance_granularity,
-    z_loss_weight=c.loss.z_loss_weight,
-    bias_update_rate=c.loss.bias_update_rate,
-    n_shards=1,
-    grad_accum=c.train.grad_accum,
-  )
-  return dataclasses.replace(lc, **changes)
+  return dataclasses.replace(step_lib.LossConfig.from_config(c, n_shards=1), **changes)
 
 
 def first_batch(run: trainer.Run) -> jax.Array:
@@ -93,25 +69,6 @@ def router_biases(graphdef, params, router) -> list[np.ndarray]:
 
 def all_finite(tree) -> bool:
   return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tree))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fast_compiles(tmp_path_factory):
-  """For this module only: a persistent XLA cache and XLA's cheap (-O0-like) compiles."""
-  values = {
-    "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-    "jax_persistent_cache_min_compile_time_secs": 0.0,
-    "jax_persistent_cache_min_entry_size_bytes": -1,
-    "jax_disable_most_optimizations": True,
-  }
-  old = {n: jax.config.values[n] for n in values}
-  for n, v in values.items():
-    jax.config.update(n, v)
-  compilation_cache.reset_cache()
-  yield
-  for n, v in old.items():
-    jax.config.update(n, v)
-  compilation_cache.reset_cache()
 
 
 # The shared config: DeepSeek-V3 routing (sigmoid, 4 groups keep 2, top-2 of 8 experts,
