@@ -3,9 +3,11 @@
 `y[t] = Σ_k w[t,k] · SwiGLU_{e(t,k)}(x[t])`. Unfused, autodiff keeps two [T·K, D] buffers
 per layer alive until the backward pass: the expert-sorted inputs (for dW) and the expert
 outputs (for dL/dw). Here the combine weight is applied inside the block loop, so the
-backward pass recovers dL/dw[r] = Σ_f h·(dy @ W_downᵀ) from a product it needs anyway, and
-the sorted inputs are gathered again from `x_TxD` instead of being kept. The only
-per-layer residual is the gate/up projection [R, 2F]; [R, D] buffers are transient.
+backward pass recovers dL/dw[r] = Σ_f h·(dy @ W_downᵀ) from a product it needs anyway. Each
+block gathers its input rows (and, backward, its dy rows) from the token layout inside the
+loop, so no [R, D] copy of x or dy is built: the only [R, D] buffers are the block outputs
+(y forward, dx backward), transient, and the only per-layer residual is the gate/up
+projection [R, 2F].
 
 Every row movement is a gather: rows read tokens through `tok_R` (T for padding or a
 dropped assignment, which reads zeros) and tokens read their K rows through `row_TxK`
@@ -20,13 +22,13 @@ import jax
 import jax.numpy as jnp
 
 from moejax.grouped import _backward, _float0, _forward
-from moejax.permute import take_or_zero
+from moejax.permute import gather_sum
 
 
 def _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
   w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
-  y_RxD, gu_Rx2F = _forward(take_or_zero(x_TxD, tok_R), w_gu, w_down, blocks, sizes, w_R)
-  return take_or_zero(y_RxD, row_TxK).sum(axis=1), (gu_Rx2F, w_gu)
+  y_RxD, gu_Rx2F = _forward(x_TxD, w_gu, w_down, blocks, sizes, w_R, tok_R)
+  return gather_sum(y_RxD, row_TxK), (gu_Rx2F, w_gu)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
@@ -46,9 +48,10 @@ def _fwd(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
 
 def _bwd(sizes, res, dy_TxD):
   x_TxD, w_R, tok_R, row_TxK, gu_Rx2F, w_gu, w_down, blocks = res
-  x_RxD, dy_RxD = take_or_zero(x_TxD, tok_R), take_or_zero(dy_TxD, tok_R)
-  dx_RxD, dw_R, dwgu, dwd = _backward(x_RxD, dy_RxD, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R)
-  dx_TxD = take_or_zero(dx_RxD, row_TxK).sum(axis=1)
+  dx_RxD, dw_R, dwgu, dwd = _backward(
+    x_TxD, dy_TxD, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R, tok_R
+  )
+  dx_TxD = gather_sum(dx_RxD, row_TxK)
   dwg, dwu = (d.astype(w_gu.dtype) for d in jnp.split(dwgu, 2, axis=-1))
   ints = (_float0(tok_R), _float0(row_TxK))
   blocks0 = jax.tree.map(_float0, blocks)

@@ -17,6 +17,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from moejax.permute import take_or_zero
+
 
 class Blocks(NamedTuple):
   """Blocks of one static size: first row and expert of each, and how many are in use."""
@@ -30,6 +32,14 @@ def _get(a, start, size):
   return jax.lax.dynamic_slice_in_dim(a, start, size)
 
 
+def _rows(x, tok_R, start, size):
+  """A block's input rows: a slice of the row buffer `x`, or with `tok_R` a gather from the
+  token layout `x` (T reads zeros), so no [R, D] copy of the inputs is ever built."""
+  if tok_R is None:
+    return _get(x, start, size)
+  return take_or_zero(x, _get(tok_R, start, size))
+
+
 def _put(a, v, start):
   return jax.lax.dynamic_update_slice_in_dim(a, v.astype(a.dtype), start, 0)
 
@@ -40,18 +50,19 @@ def _accumulate(w_ExMxN, e, dw_MxN):
   return jax.lax.dynamic_update_index_in_dim(w_ExMxN, cur + dw_MxN.astype(cur.dtype), e, 0)
 
 
-def _forward(x_RxD, w_gu_ExDx2F, w_down_ExFxD, blocks, sizes, w_R=None):
+def _forward(x, w_gu_ExDx2F, w_down_ExFxD, blocks, sizes, w_R=None, tok_R=None):
   """(y_RxD, gu_Rx2F): each block's SwiGLU output (times its rows' `w_R` when given) and
-  its gate/up projection, zeros on rows no block covers."""
-  R, F2 = x_RxD.shape[0], w_gu_ExDx2F.shape[-1]
+  its gate/up projection, zeros on rows no block covers. `x` is the row buffer [R, D], or
+  with `tok_R` the tokens [T, D] that rows read through it."""
+  R, D, F2 = (x if tok_R is None else tok_R).shape[0], x.shape[1], w_gu_ExDx2F.shape[-1]
   F = F2 // 2
-  carry = (jnp.zeros_like(x_RxD), jnp.zeros((R, F2), x_RxD.dtype))
+  carry = (jnp.zeros((R, D), x.dtype), jnp.zeros((R, F2), x.dtype))
   for size, blk in zip(sizes, blocks):
 
     def body(i, carry, size=size, blk=blk):
       y_RxD, gu_Rx2F = carry
       e, start = blk.expert_N[i], blk.start_N[i]
-      gu_Bx2F = _get(x_RxD, start, size) @ w_gu_ExDx2F[e]
+      gu_Bx2F = _rows(x, tok_R, start, size) @ w_gu_ExDx2F[e]
       h_BxF = jax.nn.silu(gu_Bx2F[:, :F]) * gu_Bx2F[:, F:]
       y_BxD = h_BxF @ w_down_ExFxD[e]
       if w_R is not None:
@@ -82,20 +93,23 @@ def _t(a_MxN):
   return jax.lax.optimization_barrier(a_MxN.T)
 
 
-def _backward(x_RxD, dy_RxD, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R=None):
+def _backward(x, dy, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R=None, tok_R=None):
   """The block loops of the backward pass: (dx_RxD, dw_R, dW_gu, dW_down), f32 weight
-  gradients. With `w_R` (rows scaled by a weight in the forward pass) dw_R[r] =
-  Σ_f h·(dy @ W_downᵀ) comes from the product dh needs anyway; without it, dw_R is None."""
+  gradients. `x` and `dy` are row buffers [R, D], or with `tok_R` token layouts [T, D] read
+  through it (as in `_forward`). With `w_R` (rows scaled by a weight in the forward pass)
+  dw_R[r] = Σ_f h·(dy @ W_downᵀ) comes from the product dh needs anyway; without it, dw_R
+  is None."""
   F, f32 = w_down.shape[1], jnp.float32
   w_gu_Ex2FxD, w_down_ExDxF = jnp.swapaxes(w_gu, 1, 2), jnp.swapaxes(w_down, 1, 2)
   dw_R = None if w_R is None else jnp.zeros_like(w_R)
-  carry = (jnp.zeros_like(x_RxD), dw_R, jnp.zeros(w_gu.shape, f32), jnp.zeros(w_down.shape, f32))
+  dx_RxD = jnp.zeros((gu_Rx2F.shape[0], x.shape[1]), x.dtype)
+  carry = (dx_RxD, dw_R, jnp.zeros(w_gu.shape, f32), jnp.zeros(w_down.shape, f32))
   for size, blk in zip(sizes, blocks):
 
     def body(i, carry, size=size, blk=blk):
       dx_RxD, dw_R, dwgu, dwd = carry
       e, start = blk.expert_N[i], blk.start_N[i]
-      x_BxD, dy_BxD = _get(x_RxD, start, size), _get(dy_RxD, start, size)
+      x_BxD, dy_BxD = _rows(x, tok_R, start, size), _rows(dy, tok_R, start, size)
       gu_Bx2F = _get(gu_Rx2F, start, size)
       g_BxF, u_BxF = gu_Bx2F[:, :F], gu_Bx2F[:, F:]
       sig = jax.nn.sigmoid(g_BxF)

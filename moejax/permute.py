@@ -18,6 +18,18 @@ def take_or_zero(x_NxD: jax.Array, idx: jax.Array) -> jax.Array:
   return jnp.take(x_NxD, idx, axis=0, mode="fill", fill_value=0)
 
 
+def gather_sum(x_NxD: jax.Array, idx_MxJ: jax.Array) -> jax.Array:
+  """out[m] = Σ_j x[idx[m, j]] (index N reads zeros), as J row gathers added in turn.
+
+  Equal to take_or_zero(x, idx).sum(1), but XLA:CPU fuses the J gathers and adds into one
+  loop, where the [M, J, D] gather followed by a reduce over J runs several times slower
+  (`benchmarks/moe_layer.py`)."""
+  out_MxD = take_or_zero(x_NxD, idx_MxJ[:, 0])
+  for j in range(1, idx_MxJ.shape[1]):
+    out_MxD = out_MxD + take_or_zero(x_NxD, idx_MxJ[:, j])
+  return out_MxD
+
+
 @jax.custom_vjp
 def take_rows(x_NxD: jax.Array, src_M: jax.Array, dst_NxJ: jax.Array) -> jax.Array:
   """out[m] = x[src[m]] (zero if src[m] == N); `dst` is the inverse: the J rows of out
@@ -31,7 +43,7 @@ def _take_rows_fwd(x_NxD, src_M, dst_NxJ):
 
 def _take_rows_bwd(res, g_MxD):
   src_M, dst_NxJ = res
-  dx_NxD = take_or_zero(g_MxD, dst_NxJ).sum(axis=1)
+  dx_NxD = gather_sum(g_MxD, dst_NxJ)
   zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
   return dx_NxD, zero(src_M), zero(dst_NxJ)
 

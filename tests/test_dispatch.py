@@ -9,7 +9,7 @@ import pytest
 
 from moejax import dispatch as dsp
 from moejax.errors import UserError
-from moejax.permute import take_rows
+from moejax.permute import gather_sum, take_rows
 
 D, F = 8, 6
 
@@ -292,6 +292,18 @@ def test_take_rows_vjp_is_the_gather_transpose():
   ours = lambda x: jnp.sum(g * take_rows(x, src, dst))
   np.testing.assert_allclose(jax.grad(ours)(x), jax.grad(plain)(x), atol=1e-6)
   np.testing.assert_allclose(take_rows(x, src, dst)[2], 0.0)
+
+
+def test_gather_sum_is_a_sum_of_row_reads_with_a_zero_sentinel():
+  r = np.random.default_rng(1)
+  x = r.normal(size=(6, 4)).astype(np.float32)
+  idx = r.integers(0, 7, size=(5, 3)).astype(np.int32)  # 6 = the zero row
+  want = np.zeros((5, 4), np.float32)
+  for m in range(5):
+    for j in range(3):
+      if idx[m, j] < 6:
+        want[m] += x[idx[m, j]]
+  np.testing.assert_allclose(gather_sum(jnp.asarray(x), jnp.asarray(idx)), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
