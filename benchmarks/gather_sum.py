@@ -10,6 +10,7 @@ study shape (K = 8) and quickstart's (K = 2).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -38,9 +39,8 @@ def main() -> None:
     R = T * K + 64
     y = jax.random.normal(jax.random.key(0), (R, D))
     row = jax.random.permutation(jax.random.key(1), R)[: T * K].reshape(T, K)
-    fns = {}
-    for name, fn in (("sum", gather_then_sum), ("added", gather_sum)):
-      fns[name] = lambda fn=jax.jit(fn): fn(y, row)
+    jitted = {"sum": jax.jit(gather_then_sum), "added": jax.jit(gather_sum)}
+    fns = {k: functools.partial(fn, y, row) for k, fn in jitted.items()}
     t = interleaved_min(fns, args.repeats)
     ratio = t["sum"] / t["added"]
     print(f"| {T} | {D} | {K} | {t['sum'] * 1e3:.2f} | {t['added'] * 1e3:.2f} | {ratio:.2f} |")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import numpy as np
+
 
 def available() -> bool:
   try:
@@ -19,9 +21,10 @@ def available() -> bool:
   return True
 
 
-def fwd_bwd(T: int, d: int, f: int, E: int, K: int) -> tuple[Callable[[], object], str]:
-  """A closure running OlmoeSparseMoeBlock forward + backward of sum(y) on T tokens, and
-  a label naming the torch version, threads and experts implementation."""
+def fwd_bwd(T: int, d: int, f: int, E: int, K: int, g_TxD) -> tuple[Callable[[], object], str]:
+  """A closure running OlmoeSparseMoeBlock forward + backward of sum(y · g) on T tokens
+  (g: the cotangent array moe_layer.py gives every arm), and a label naming the torch
+  version, threads and experts implementation."""
   import torch
   import transformers
   from transformers import OlmoeConfig
@@ -34,11 +37,12 @@ def fwd_bwd(T: int, d: int, f: int, E: int, K: int) -> tuple[Callable[[], object
   for p in block.parameters():
     torch.nn.init.normal_(p, std=0.02)
   x = torch.randn(1, T, d, requires_grad=True)
+  g = torch.from_numpy(np.asarray(g_TxD)).reshape(1, T, d)
 
   def step():
     block.zero_grad(set_to_none=True)
     x.grad = None
-    block(x).sum().backward()
+    (block(x) * g).sum().backward()
     return x.grad
 
   impl = getattr(cfg, "_experts_implementation", None) or "eager"

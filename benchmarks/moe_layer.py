@@ -27,14 +27,21 @@ from moejax.moe import MoEBlock, MoEConfig
 CASES = [(4096, 256, 256, 16, 4), (8192, 256, 128, 64, 8)]
 
 
+def cotangent(T: int, d: int) -> jax.Array:
+  """The fixed random dL/dy every arm is differentiated with. (A loss of sum(y) would make
+  dy a constant that XLA folds into the backward pass, flattering every arm unequally.)"""
+  return jax.random.normal(jax.random.key(1), (T, d), jnp.float32)
+
+
 def fwd_bwd(module: nnx.Module, x_TxD: jax.Array, is_moe: bool):
-  """A jitted closure computing grads of sum(y) w.r.t. params and x."""
+  """A jitted closure computing grads of sum(y · g) w.r.t. params and x, g = cotangent."""
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  g_TxD = cotangent(*x_TxD.shape)
 
   def loss(params, x):
     y = nnx.merge(graphdef, params, rest)(x)
     y = y[0] if is_moe else y
-    return jnp.sum(y.astype(jnp.float32))
+    return jnp.sum(y.astype(jnp.float32) * g_TxD)
 
   grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
   return lambda: grad(params, x_TxD)
@@ -73,7 +80,7 @@ def main() -> None:
       fns[impl, mode] = fwd_bwd(MoEBlock(cfg, rngs=rngs), x, True)
     label = "not measured (no torch/transformers)"
     if hf:
-      fns["olmoe"], label = hf_olmoe.fwd_bwd(T, d, f, E, K)
+      fns["olmoe"], label = hf_olmoe.fwd_bwd(T, d, f, E, K, cotangent(T, d))
     t = interleaved_min(fns, args.repeats)
     for impl in impls:
       drop, cap = t[impl, "dropless"], t[impl, "capacity"]
