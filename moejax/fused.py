@@ -21,8 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax.grouped import _backward, _float0, _forward
-from moejax.permute import gather_sum
+from moejax.grouped import _backward, _forward
+from moejax.permute import float0_like, gather_sum
 
 
 def _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
@@ -53,8 +53,8 @@ def _bwd(sizes, res, dy_TxD):
   )
   dx_TxD = gather_sum(dx_RxD, row_TxK)
   dwg, dwu = (d.astype(w_gu.dtype) for d in jnp.split(dwgu, 2, axis=-1))
-  ints = (_float0(tok_R), _float0(row_TxK))
-  blocks0 = jax.tree.map(_float0, blocks)
+  ints = (float0_like(tok_R), float0_like(row_TxK))
+  blocks0 = jax.tree.map(float0_like, blocks)
   return (dx_TxD, dw_R, *ints, dwg, dwu, dwd.astype(w_down.dtype), blocks0)
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.permute import take_or_zero
+from moejax.permute import float0_like, take_or_zero
 
 
 class Blocks(NamedTuple):
@@ -130,16 +130,11 @@ def _backward(x, dy, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R=None, tok_R=None)
   return carry
 
 
-def _float0(a):
-  """The cotangent of an integer input."""
-  return jnp.zeros(a.shape, jax.dtypes.float0)
-
-
 def _bwd(sizes, res, dy_RxD):
   x_RxD, gu_Rx2F, w_gu, w_down, blocks = res
   dx, _, dwgu, dwd = _backward(x_RxD, dy_RxD, gu_Rx2F, w_gu, w_down, blocks, sizes)
   dwg, dwu = (d.astype(w_gu.dtype) for d in jnp.split(dwgu, 2, axis=-1))
-  return (dx, dwg, dwu, dwd.astype(w_down.dtype), jax.tree.map(_float0, blocks))
+  return (dx, dwg, dwu, dwd.astype(w_down.dtype), jax.tree.map(float0_like, blocks))
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)

@@ -18,6 +18,11 @@ def take_or_zero(x_NxD: jax.Array, idx: jax.Array) -> jax.Array:
   return jnp.take(x_NxD, idx, axis=0, mode="fill", fill_value=0)
 
 
+def float0_like(a) -> np.ndarray:
+  """The cotangent of an integer input."""
+  return np.zeros(a.shape, jax.dtypes.float0)
+
+
 def gather_sum(x_NxD: jax.Array, idx_MxJ: jax.Array) -> jax.Array:
   """out[m] = Σ_j x[idx[m, j]] (index N reads zeros), as J row gathers added in turn.
 
@@ -44,8 +49,7 @@ def _take_rows_fwd(x_NxD, src_M, dst_NxJ):
 def _take_rows_bwd(res, g_MxD):
   src_M, dst_NxJ = res
   dx_NxD = gather_sum(g_MxD, dst_NxJ)
-  zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
-  return dx_NxD, zero(src_M), zero(dst_NxJ)
+  return dx_NxD, float0_like(src_M), float0_like(dst_NxJ)
 
 
 take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
