@@ -74,10 +74,40 @@ def factor_d() -> list[RunSpec]:
   ]
 
 
+# Factor E: elastic-k training (model.moe.train_k*), the intervention on the training k.
+ELASTIC = {"model.moe.train_k": "uniform", "model.moe.train_k_min": 1}
+RECIPES = (  # (recipe, rules, seeds, overrides)
+  ("uniform", CORE_RULES, (0, 1), {**ELASTIC, "model.moe.train_k_scope": "layer"}),
+  (
+    "uniform_k2K",
+    ("qwen3_moe",),
+    (0, 1),
+    {**ELASTIC, "model.moe.train_k_scope": "layer", "model.moe.train_k2": "K"},
+  ),
+  ("token", CORE_RULES, (0,), {**ELASTIC, "model.moe.train_k_scope": "token"}),
+  # the Matryoshka reference: trained at a fixed K = 2 (same E and widths)
+  ("fixed_k2", CORE_RULES, (0, 1), {"model.moe.top_k": 2}),
+)
+
+
+def factor_e() -> list[RunSpec]:
+  return [
+    RunSpec(
+      name=f"e-{recipe}-{rule}-s{seed}",
+      config=CONFIG,
+      overrides={**overrides, "model.moe.rule": rule, "train.seed": seed},
+      factors={"factor": "E", "recipe": recipe, "rule": rule, "seed": seed},
+    )
+    for recipe, rules, seeds, overrides in RECIPES
+    for seed in seeds
+    for rule in rules
+  ]
+
+
 def get_sweep() -> Sweep:
   return Sweep(
     name="calibration",
-    runs=factor_a() + factor_b() + factor_d(),
+    runs=factor_a() + factor_b() + factor_d() + factor_e(),
     results="experiments/calibration/runs",
     compute={"tpu": {"accelerators": "tpu-v5e-16", "use_spot": True}},
   )
