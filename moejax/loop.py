@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from moejax import checkpoint, nonfinite
+from moejax import checkpoint, flops, nonfinite
 
 
 class Diverged(RuntimeError):
@@ -55,6 +55,7 @@ class LoopSetup:
   tokens_per_step: int
   log: Callable[[str], None]
   progress: Any  # tqdm bar
+  perf: flops.Perf | None = None  # model FLOPs and device peak: the perf/ metrics of each row
 
 
 @dataclasses.dataclass
@@ -118,6 +119,9 @@ class Loop:
       (step - self.step_last) * self.s.tokens_per_step / max(now - self.t_last, 1e-9)
     )
     self.t_last, self.step_last = now, step
+    if self.s.perf is not None:
+      mean_k = host.get(flops.MEAN_K_METRIC)
+      host.update(flops.perf_metrics(self.s.perf, host["tokens_per_sec"], mean_k))
     host.pop("nonfinite")
     host["skipped_steps"] = float(self.skipped)
     host.pop("skipped", None)

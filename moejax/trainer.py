@@ -12,8 +12,18 @@ import ml_collections
 import optax
 from flax import nnx
 
-from moejax import checkpoint, describe, distributed, loop, nonfinite, optim, sharding, stopping
-from moejax import tracking
+from moejax import (
+  checkpoint,
+  describe,
+  distributed,
+  flops,
+  loop,
+  nonfinite,
+  optim,
+  sharding,
+  stopping,
+  tracking,
+)
 from moejax import config as config_lib
 from moejax import step as step_lib
 from moejax import workdir as workdir_lib
@@ -196,6 +206,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     tokens_per_step=c.data.batch_size * c.data.seq_len,
     log=log,
     progress=bar,
+    perf=flops.Perf.for_run(
+      config_lib.model_config(c, run.data.tokenizer.vocab_size), c.data.seq_len
+    ),
   )
   try:
     with stopping.StopRequest().installed() as stop:
