@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.grouped import _backward, _forward
-from moejax.permute import float0_like, gather_sum
+from moejax.permute import float0_like, gather_sum, take_rows
 
 
 def _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
@@ -59,3 +59,13 @@ def _bwd(sizes, res, dy_TxD):
 
 
 gather_swiglu_combine.defvjp(_fwd, _bwd)
+
+
+def run(a) -> jax.Array:
+  """The `fused` kernel on `plans.KernelArgs`: each row's combine weight is gathered from
+  its assignment, then one custom VJP runs gather, block loop and combine."""
+  T, K = a.weights_TxK.shape
+  w_Ax1 = a.weights_TxK.reshape(T * K, 1).astype(a.x_TxD.dtype)
+  w_R = take_rows(w_Ax1, a.plan.assign_of_R, a.plan.row_of_A[:, None])[:, 0]
+  row_TxK = a.plan.row_of_A.reshape(T, K)
+  return gather_swiglu_combine(a.x_TxD, w_R, a.plan.token_of_R, row_TxK, *a.ex, a.blocks, a.sizes)

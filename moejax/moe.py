@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax import dispatch as dsp
-from moejax import routing
+from moejax import plans, routing
 from moejax.errors import UserError, check_choice
 from moejax.layers import DTYPES, DenseFFN, init_normal
 
@@ -195,7 +195,7 @@ class MoEBlock(nnx.Module):
 
     keep_TxK = None
     if self._random_second(train) and rng_second is not None and k >= 2:
-      keep_TxK = dsp.random_second_expert(ro.weights_TxK, rng_second)
+      keep_TxK = plans.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
     routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK)
     if routed_scale is not None:
@@ -242,8 +242,8 @@ class MoEBlock(nnx.Module):
       return y_TxD, kept_TxK
     G = cfg.group_size or T
     factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
-    cap = dsp.capacity(factor, k, G, E, cfg.min_capacity)
-    order = dsp.drop_order(cfg.drop_policy, ro.experts_TxK, ro.weights_TxK, ro.scores_TxE, G)
+    cap = plans.capacity(factor, k, G, E, cfg.min_capacity)
+    order = plans.drop_order(cfg.drop_policy, ro.experts_TxK, ro.weights_TxK, ro.scores_TxE, G)
     return dsp.capacity_dispatch(
       x_TxD,
       ro.experts_TxK,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from moejax import dispatch as dsp
+from moejax import plans
 from moejax.errors import UserError
 from moejax.permute import gather_sum, take_rows
 
@@ -100,7 +101,9 @@ def _check_grads(got, want, experts):
       assert err < 1e-4 if e in used else np.all(got_w[e] == 0), (name, e, err)
 
 
-@pytest.mark.parametrize("impl,block", [("fused", 4), ("blocked", 4), ("ragged", 1)])
+@pytest.mark.parametrize(
+  "impl,block", [("fused", 4), ("blocked", 4), ("ragged", 1), ("megablox", 1)]
+)
 def test_dropless_gradients_per_expert(impl, block):
   E, K = 8, 2
   x, experts, weights, W = make_case(40, E, K, seed=3, skew=True)
@@ -117,8 +120,8 @@ def test_capacity_gradients_match_naive_loop_on_kept_assignments(impl):
   T, E, K, group = 32, 4, 2, 16
   x, experts, weights, W = make_case(T, E, K, seed=5, skew=True)
   g = np.random.default_rng(4).normal(size=x.shape).astype(np.float32)
-  cap = dsp.capacity(1.0, K, group, E, min_capacity=2)
-  order = dsp.drop_order("position", experts, weights, None, group)
+  cap = plans.capacity(1.0, K, group, E, min_capacity=2)
+  order = plans.drop_order("position", experts, weights, None, group)
 
   def loss(x, W, r):
     y, kept = dsp.capacity_dispatch(
@@ -159,11 +162,11 @@ def ref_sort_key(policy, group_size, top1=None, weights=None):
 
 def _kept(policy, experts, weights, scores, cap, group_size, keep=None):
   E = scores.shape[1]
-  order = dsp.drop_order(
+  order = plans.drop_order(
     policy, jnp.asarray(experts), jnp.asarray(weights), jnp.asarray(scores), group_size
   )
   keep = None if keep is None else jnp.asarray(keep)
-  plan = dsp.capacity_plan(jnp.asarray(experts), order, E, cap, group_size, keep)
+  plan = plans.capacity_plan(jnp.asarray(experts), order, E, cap, group_size, keep)
   return np.asarray(plan.kept_A).reshape(experts.shape)
 
 
@@ -220,9 +223,9 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
   top1 = scores[np.arange(T), experts[:, 0]]
   keep = np.random.default_rng(3).uniform(size=(T, K)) < 0.8
   keep[:, 0] = True  # only second choices are ever unsampled
-  cap = dsp.capacity(1.0, K, group_size, E, min_capacity=2)
+  cap = plans.capacity(1.0, K, group_size, E, min_capacity=2)
   assert cap == max(2, int(np.ceil(1.0 * K * group_size / E)))
-  order = dsp.drop_order(policy, experts, weights, jnp.asarray(scores), group_size)
+  order = plans.drop_order(policy, experts, weights, jnp.asarray(scores), group_size)
   y, kept = dsp.capacity_dispatch(
     x,
     experts,
@@ -248,7 +251,7 @@ def test_old_score_policy_name_gets_a_hint():
 def test_large_capacity_equals_dropless():
   T, E, K = 48, 8, 2
   x, experts, weights, W = make_case(T, E, K, seed=1, skew=True)
-  cap = dsp.capacity(100.0, K, T, E, 4)
+  cap = plans.capacity(100.0, K, T, E, 4)
   y_cap, kept = dsp.capacity_dispatch(
     x,
     experts,
@@ -256,7 +259,7 @@ def test_large_capacity_equals_dropless():
     dsp.ExpertWeights(*W),
     cap=cap,
     group_size=T,
-    order=dsp.drop_order("position", experts, weights, jnp.zeros((T, E)), T),
+    order=plans.drop_order("position", experts, weights, jnp.zeros((T, E)), T),
   )
   assert bool(kept.all())
   y_dl = _dropless_fn("blocked", 4)(x, experts, weights, W)
@@ -264,9 +267,9 @@ def test_large_capacity_equals_dropless():
 
 
 def test_capacity_formula_and_cap_at_group():
-  assert dsp.capacity(1.25, 2, 64, 8, 4) == 20  # ceil(1.25·2·64/8)
-  assert dsp.capacity(0.01, 2, 64, 8, 4) == 4  # min_capacity
-  assert dsp.capacity(100.0, 2, 64, 8, 4) == 64  # never more than the group
+  assert plans.capacity(1.25, 2, 64, 8, 4) == 20  # ceil(1.25·2·64/8)
+  assert plans.capacity(0.01, 2, 64, 8, 4) == 4  # min_capacity
+  assert plans.capacity(100.0, 2, 64, 8, 4) == 64  # never more than the group
 
 
 def test_random_second_expert_rate():
@@ -274,7 +277,7 @@ def test_random_second_expert_rate():
   g1 = np.full((T,), 0.8, np.float32)
   g2 = np.where(np.arange(T) < T // 2, 0.1, 0.3).astype(np.float32)  # renormalized 1/9, 3/11
   w = jnp.asarray(np.stack([g1, g2], 1))
-  keep = np.asarray(dsp.random_second_expert(w, jax.random.key(0)))
+  keep = np.asarray(plans.random_second_expert(w, jax.random.key(0)))
   assert keep[:, 0].all()
   for sl, g in ((slice(0, T // 2), 0.1 / 0.9), (slice(T // 2, T), 0.3 / 1.1)):
     rate = keep[sl, 1].mean()
@@ -348,8 +351,8 @@ def test_dispatch_validation_names_the_field(kwargs, field):
     )
 
 
-def test_auto_impl_on_cpu_is_fused():
-  assert dsp.resolve_impl("auto") == ("fused" if jax.default_backend() == "cpu" else "ragged")
+def test_auto_impl_on_this_host_is_the_table_entry_of_its_backend():
+  assert dsp.resolve_impl("auto") == dsp.AUTO["dropless"][jax.default_backend()]
 
 
 def test_block_drop_fraction_matches_reference_policy():

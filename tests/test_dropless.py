@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from moejax import dispatch as dsp
+from moejax import plans
 
 T, D, F, E, BLOCK = 64, 8, 6, 4, 4
 
@@ -71,6 +72,12 @@ def _case(seed=1):
     ("blocked", 2, "all_to_same_set"),
     ("blocked", 1, "all_to_one"),
     ("ragged", 2, "all_to_one"),
+    # megablox in Pallas interpret mode (the TPU kernel's own code, run on CPU)
+    ("megablox", 2, "random"),
+    ("megablox", 2, "skewed"),
+    ("megablox", 2, "all_to_one"),
+    ("megablox", 2, "all_to_same_set"),
+    ("megablox", 1, "all_to_one"),
   ],
 )
 def test_dropless_forward_and_gradients_match_per_token_reference(impl, K, kind):
@@ -103,14 +110,14 @@ def test_dropless_forward_values_match_reference():
 
 def test_sort_by_expert_is_a_stable_argsort():
   e_A = np.random.default_rng(0).integers(0, 5, size=300).astype(np.int32)
-  order, e_sorted = dsp.sort_by_expert(jnp.asarray(e_A), 5)
+  order, e_sorted = plans.sort_by_expert(jnp.asarray(e_A), 5)
   np.testing.assert_array_equal(order, np.argsort(e_A, kind="stable"))
   np.testing.assert_array_equal(e_sorted, np.sort(e_A))
 
 
 @pytest.mark.parametrize("block,A,E", [(32, 16384, 64), (32, 4096, 8), (4, 128, 4), (32, 40, 8)])
 def test_block_sizes_chain_and_cover(block, A, E):
-  sizes = dsp.block_sizes(block, A, E)
+  sizes = plans.block_sizes(block, A, E)
   assert sizes[-1] == block
   assert all(a % b == 0 for a, b in itertools.pairwise(sizes))
   assert sizes[0] <= max(A // E, block)
@@ -120,8 +127,8 @@ def test_block_sizes_chain_and_cover(block, A, E):
 
 def test_plan_blocks_cover_each_expert_run_exactly_once():
   experts, _ = routing("all_to_one", 2)
-  sizes = dsp.block_sizes(BLOCK, experts.size, E)
-  plan, blocks, counts = dsp.dropless_plan(jnp.asarray(experts), E, sizes)
+  sizes = plans.block_sizes(BLOCK, experts.size, E)
+  plan, blocks, counts = plans.dropless_plan(jnp.asarray(experts), E, sizes)
   owner = np.full(plan.token_of_R.shape[0], -1)
   for size, blk in zip(sizes, blocks):
     for i in range(int(blk.n_used)):

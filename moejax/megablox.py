@@ -1,0 +1,113 @@
+"""The `megablox` kernel: the Pallas TPU grouped matmul shipped with JAX
+(`jax.experimental.pallas.ops.tpu.megablox`), MaxText's TPU default (`megablox: true`).
+
+A custom VJP like the shipped `ops.gmm`: dx by `gmm` against the transposed weights, dW by
+`tgmm`, but each of the three calls gets tiles chosen for its own (m, k, n): the shipped
+VJP reuses the forward tiling, which is illegal for the backward pass whenever the two
+weight dims differ and are not both multiples of 128 (d_model 128 with d_expert 32). Rows are
+sorted by expert without padding; the buffer is padded to a multiple of the m tile, and the
+pad rows (zeros) are counted in the last expert's group, so every row belongs to a group
+and contributes exactly zero. Inputs stay in the compute dtype (bf16 on TPU presets) and
+accumulate in float32. Lowered for TPU it is a Mosaic kernel; on any other platform the
+same kernel runs in Pallas interpret mode (slow; for tests on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax import plans
+
+# the kernel module (the package's `gmm` attribute is its custom-VJP function, not the module)
+backend = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+
+M_TILES = (512, 256, 128)  # MaxText's default m tile is 512; 128 is the MXU width
+KN_TILES = (1024, 512, 256, 128)
+
+
+def kn_tile(dim: int) -> int:
+  """The largest tile in `KN_TILES` dividing `dim`, else the whole dim: a Mosaic block's
+  last dim must be a multiple of 128 or the array's own."""
+  return next((t for t in KN_TILES if dim % t == 0), dim)
+
+
+def m_tile(n_rows: int, n_experts: int) -> int:
+  """Rows per m tile: about one expert's mean rows, between 128 and 512 (a tile that
+  straddles two groups is visited once per group, so smaller tiles waste less there)."""
+  mean = max(n_rows // n_experts, 1)
+  return next((t for t in M_TILES if t <= mean), M_TILES[-1])
+
+
+def tiling(tm: int, k: int, n: int) -> tuple[int, int, int]:
+  return tm, kn_tile(k), kn_tile(n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def gmm(lhs_MxK, rhs_ExKxN, counts_E, tm: int, interpret: bool):
+  """out[rows of group e] = lhs[rows of e] @ rhs[e], accumulated in float32."""
+  K, N = rhs_ExKxN.shape[1:]
+  tile = tiling(tm, K, N)
+  return backend.gmm(lhs_MxK, rhs_ExKxN, counts_E, jnp.float32, tile, interpret=interpret)
+
+
+def _gmm_fwd(lhs_MxK, rhs_ExKxN, counts_E, tm, interpret):
+  return gmm(lhs_MxK, rhs_ExKxN, counts_E, tm, interpret), (lhs_MxK, rhs_ExKxN, counts_E)
+
+
+def _gmm_bwd(tm, interpret, res, g_MxN):
+  lhs_MxK, rhs_ExKxN, counts_E = res
+  K, N = rhs_ExKxN.shape[1:]
+  g = g_MxN.astype(lhs_MxK.dtype)
+  dlhs_MxK = backend.gmm(
+    g, rhs_ExKxN, counts_E, jnp.float32, tiling(tm, N, K), transpose_rhs=True, interpret=interpret
+  )
+  drhs_ExKxN = backend.tgmm(
+    lhs_MxK.swapaxes(0, 1), g, counts_E, jnp.float32, tiling(tm, K, N), interpret=interpret
+  )
+  ints = np.zeros(counts_E.shape, jax.dtypes.float0)
+  return dlhs_MxK.astype(lhs_MxK.dtype), drhs_ExKxN.astype(rhs_ExKxN.dtype), ints
+
+
+gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+def _gmm(lhs_MxK, rhs_ExKxN, counts_E, tm: int, interpret: bool):
+  return gmm(lhs_MxK, rhs_ExKxN, counts_E, tm, interpret).astype(lhs_MxK.dtype)
+
+
+def swiglu(x_MxD, ex: plans.ExpertWeights, counts_E, tm: int, interpret: bool) -> jax.Array:
+  """Per-group SwiGLU on rows grouped by expert; M must divide by the m tile `tm`."""
+  gate_MxF = _gmm(x_MxD, ex.w_gate_ExDxF, counts_E, tm, interpret)
+  up_MxF = _gmm(x_MxD, ex.w_up_ExDxF, counts_E, tm, interpret)
+  return _gmm(jax.nn.silu(gate_MxF) * up_MxF, ex.w_down_ExFxD, counts_E, tm, interpret)
+
+
+def _run(x_TxD, plan, counts_E, weights_TxK, ex, *, interpret: bool) -> jax.Array:
+  K, E = weights_TxK.shape[1], ex.w_gate_ExDxF.shape[0]
+  x_AxD = plans.expand(x_TxD, plan, K)
+  A = x_AxD.shape[0]
+  tm = m_tile(A, E)
+  pad = -A % tm
+  x_MxD = jnp.pad(x_AxD, ((0, pad), (0, 0)))
+  counts_E = counts_E.astype(jnp.int32).at[-1].add(pad)
+  y_AxD = swiglu(x_MxD, ex, counts_E, tm, interpret)[:A]
+  return plans.combine(y_AxD, plan, weights_TxK)
+
+
+def _compiled(*args):
+  return _run(*args, interpret=False)
+
+
+def _interpreted(*args):
+  return _run(*args, interpret=True)
+
+
+def run(a: plans.KernelArgs) -> jax.Array:
+  """Mosaic on TPU, interpret mode elsewhere (chosen for the platform lowered for)."""
+  args = (a.x_TxD, a.plan, a.counts_E, a.weights_TxK, a.ex)
+  return jax.lax.platform_dependent(*args, tpu=_compiled, default=_interpreted)
