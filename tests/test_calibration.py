@@ -58,9 +58,9 @@ def test_sweep_expands_to_the_stated_runs():
   by_factor = {}
   for r in sweep.runs:
     by_factor.setdefault(r.factors["factor"], []).append(r)
-  # A: 2 rules x 3 seeds, gridded at 25% and 50% besides the final checkpoint (factor C).
+  # A: 2 rules x 5 seeds, gridded at 25% and 50% besides the final checkpoint (factor C).
   assert sorted((r.factors["rule"], r.factors["seed"]) for r in by_factor["A"]) == sorted(
-    (rule, s) for rule in ("qwen3_moe", "olmoe") for s in (0, 1, 2)
+    (rule, s) for rule in ("qwen3_moe", "olmoe") for s in (0, 1, 2, 3, 4)
   )
   steps = study_config.get_config().train.steps
   assert all(r.grid_steps == (steps // 4, steps // 2) for r in by_factor["A"])
@@ -68,6 +68,18 @@ def test_sweep_expands_to_the_stated_runs():
   assert len(by_factor["B"]) == 8 and {r.factors["seed"] for r in by_factor["B"]} == {0}
   assert len(by_factor["D"]) == 8
   assert {r.factors["variant"] for r in by_factor["D"]} == {"e32k4", "init_wide"}
+  # E (issue 18): uniform and fixed_k2 for both core rules, uniform_k2K for qwen3_moe, at
+  # seeds 0 and 1; token for both core rules at seed 0.
+  recipes = {}
+  for r in by_factor["E"]:
+    recipes.setdefault(r.factors["recipe"], set()).add((r.factors["rule"], r.factors["seed"]))
+  both = {(rule, s) for rule in ("qwen3_moe", "olmoe") for s in (0, 1)}
+  assert recipes == {
+    "uniform": both,
+    "uniform_k2K": {("qwen3_moe", 0), ("qwen3_moe", 1)},
+    "token": {("qwen3_moe", 0), ("olmoe", 0)},
+    "fixed_k2": both,
+  }
 
 
 @pytest.mark.parametrize("factor", ["A", "B"])
@@ -111,7 +123,7 @@ def _write_run(
   rows = [{"step": 600, "loss": 2.0, "tokens_per_sec": 2048.0, "eval_loss": 1.9}]
   (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
   base_N = 1.5 + 0.1 * rng.standard_normal(N)
-  seed_shift = 0.02 * rng.standard_normal()
+  seed_shift = 0.005 * rng.standard_normal()
   for step in steps:
     grid = [
       {
@@ -123,7 +135,7 @@ def _write_run(
       }
     ]
     for (k1, k2), mu in (truth or TRUE[rule]).items():
-      loss_N = base_N + mu * step / 600 + seed_shift + 0.05 * rng.standard_normal(N)
+      loss_N = base_N + mu * step / 600 + seed_shift + 0.02 * rng.standard_normal(N)
       grid.append(
         {
           "k1": k1,
@@ -161,7 +173,7 @@ def report(tmp_path_factory):
 
 def test_report_lists_missing_runs_and_writes_figures(report):
   root, out, text = report
-  assert "11 of 22 runs finished" in text
+  assert "11 of 38 runs finished" in text
   native = json.loads((root / "a-olmoe-s1" / "eval" / "k_grid.jsonl").read_text().splitlines()[0])
   assert f"| a-olmoe-s1 | A | olmoe | {native['loss']:.4f} |" in text  # held-out loss table
   assert "b-kplus1" in text  # missing runs are named, not estimated
@@ -193,7 +205,7 @@ def test_report_verdicts_follow_the_fixture(report):
 def test_report_h3_says_whether_the_top_k_denominator_helps(report):
   _, _, text = report
   h3 = text.split("**H3**")[1].split("**H4**")[0]
-  line = [ln for ln in h3.splitlines() if ln.startswith("- qwen2_moe:")][0]
+  line = next(ln for ln in h3.splitlines() if ln.startswith("- qwen2_moe:"))
   assert "k2=K − native +0.3" in line and line.endswith("the top-K denominator hurts.")
 
 
@@ -276,6 +288,6 @@ def test_two_run_miniature_runs_end_to_end(tmp_path):
     assert (results / name / "eval" / "step2" / "k_grid.jsonl").exists()
   out = tmp_path / "report"
   text = importlib.import_module("report").build(results, out)
-  assert "2 of 22 runs finished" in text
+  assert "2 of 38 runs finished" in text
   assert "**H1** (renormalized-trained `qwen3_moe`, 1 seed(s)" in text and "- k1 = 1:" in text
   assert (out / "figures" / "delta_vs_step.png").exists()

@@ -101,3 +101,30 @@ def delta_vs_step(by_rule: dict[str, list[res.RunResult]], k1: int, path: pathli
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def loss_vs_active(curves_by_rule: dict[str, dict[str, list]], path: pathlib.Path) -> None:
+  """Held-out loss (absolute) against active experts k1, one line per training recipe, one
+  panel per rule; `curves_by_rule`: rule -> recipe label -> [elastic.Point] (bars: the range
+  of the seed means)."""
+  n = len(curves_by_rule)
+  fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.6), squeeze=False)
+  for ax, (rule, curves) in zip(axes.flat, curves_by_rule.items()):
+    for label, pts in curves.items():
+      if pts:
+        ax.errorbar(
+          [p.k1 for p in pts],
+          [p.mean for p in pts],
+          yerr=[[p.mean - p.lo for p in pts], [p.hi - p.mean for p in pts]],
+          marker="o",
+          capsize=2,
+          label=f"{label} (n={max(p.n_seeds for p in pts)})",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_title(rule, fontsize=9)
+    ax.set_xlabel("active experts k1")
+    ax.set_ylabel("held-out loss (nats/token)")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

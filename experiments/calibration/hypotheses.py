@@ -1,4 +1,5 @@
-"""H1–H5 as plain statements, each verdict read mechanically off a seed-level 95% CI."""
+"""H1–H5 as plain statements, each verdict read mechanically off a seed-level 95% CI
+(`results.seed_interval`); each contrast also prints its one-new-seed prediction interval."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def renorm_lines(runs: list, best: dict) -> list[str]:
       kept = f" (k2 = K keeps {e_K.mean / e_k1.mean:.0%} of the k2 = k1 loss)"
     out.append(
       f"- k1 = {k1}: Δ(k2=k1) {_est(runs, (k1, k1))}, Δ(k2=K) {_est(runs, (k1, K))}{kept}; "
-      f"difference {c.fmt() if c else '—'}: "
+      f"difference {c.full() if c else '—'}: "
       f"{verdict(c, 'k2 = K loses less', 'k2 = K loses more')}. Best k2 here: {b[1] if b else '—'}."
     )
   return out
@@ -48,7 +49,7 @@ def plain_lines(runs: list) -> list[str]:
     c = res.estimate(runs, (k1, k1), against=(k1, "native"))
     out.append(
       f"- k1 = {k1}: Δ(native) {_est(runs, (k1, 'native'))}, Δ(renormalized, k2=k1) "
-      f"{_est(runs, (k1, k1))}; renormalized − native {c.fmt() if c else '—'}: "
+      f"{_est(runs, (k1, k1))}; renormalized − native {c.full() if c else '—'}: "
       f"{verdict(c, 'renormalizing helps', 'renormalizing hurts')}."
     )
   return out
@@ -90,8 +91,10 @@ def factor_d(panels: dict, best: dict, variants: dict[str, str]) -> list[str]:
 
 def h3(panels: dict, k1: int) -> list[str]:
   out = [
-    f"**H3** (other conventions, factor B, one seed each; Δ at k1 = {k1}, and whether the "
-    "k1:k2 trick with k2 = K beats the convention's own rule there):"
+    (
+      f"**H3** (other conventions, factor B, one seed each; Δ at k1 = {k1}, and whether the "
+      "k1:k2 trick with k2 = K beats the convention's own rule there):"
+    )
   ]
   b_panels = {t: r for t, r in panels.items() if t.startswith("B ")}
   if not b_panels:
@@ -104,7 +107,7 @@ def h3(panels: dict, k1: int) -> list[str]:
     trick = res.estimate(runs, (k1, K), against=(k1, "native"))
     said = verdict(trick, "the top-K denominator helps", "the top-K denominator hurts")
     out.append(
-      f"- {title[2:]}: " + "; ".join(parts) + f". k2=K − native {trick.fmt() if trick else '—'}: "
+      f"- {title[2:]}: " + "; ".join(parts) + f". k2=K − native {trick.full() if trick else '—'}: "
       f"{said}."
     )
   return out
@@ -124,7 +127,7 @@ def h4(panels: dict, k1: int) -> list[str]:
     parts = []
     for s in steps:
       c = res.estimate(runs, cell, against=against, step=s)
-      parts.append(f"step {s}: {c.fmt() if c else '—'}")
+      parts.append(f"step {s}: {c.full() if c else '—'}")
     out.append(f"- {title[2:]}, Δ({name}) − Δ({against_name}): " + "; ".join(parts) + ".")
   return out
 
@@ -142,7 +145,7 @@ def h5(panels: dict, best: dict, k1: int) -> list[str]:
     out.append(
       f"- {title}: Δ(native) {native.fmt()}, Δ(gain) {gain.fmt()} "
       f"({frac:.0%} of native's loss recovered); gain − best k2 ({b[1] if b else '—'}) "
-      f"{vs_best.fmt() if vs_best else '—'}: "
+      f"{vs_best.full() if vs_best else '—'}: "
       f"{verdict(vs_best, 'gain beats the best k2', 'the best k2 beats gain')}."
     )
   return out if len(out) > 1 else out + ["- not run yet."]

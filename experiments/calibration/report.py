@@ -15,6 +15,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import elastic
 import figures
 import hypotheses
 import results as res
@@ -34,7 +35,8 @@ def group(runs: dict[str, res.RunResult], **match) -> list[res.RunResult]:
 
 
 def panels(runs: dict[str, res.RunResult]) -> dict[str, list[res.RunResult]]:
-  """One panel per rule: factor A pooled over seeds, factor B per run, factor D per variant."""
+  """One panel per rule: factor A pooled over seeds, factor B per run, factor D per variant,
+  factor E per recipe."""
   out = {}
   for rule in sweep_file.CORE_RULES:
     if group(runs, factor="A", rule=rule):
@@ -45,7 +47,22 @@ def panels(runs: dict[str, res.RunResult]) -> dict[str, list[res.RunResult]]:
     for rule in sweep_file.CORE_RULES:
       if group(runs, factor="D", variant=variant, rule=rule):
         out[f"D {variant} {rule}"] = group(runs, factor="D", variant=variant, rule=rule)
+  for (recipe, rule), rs in elastic_study(runs).elastic.items():
+    if rs:
+      out[f"E {recipe} {rule}"] = rs
   return out
+
+
+def elastic_study(runs: dict[str, res.RunResult]) -> elastic.Study:
+  """Factor A's fixed-K runs per rule and every factor-E (recipe, rule), finished or not."""
+  fixed = {rule: group(runs, factor="A", rule=rule) for rule in sweep_file.CORE_RULES}
+  expected = [(recipe, rule) for recipe, rules, _, _ in sweep_file.RECIPES for rule in rules]
+  return elastic.Study(
+    {rule: rs for rule, rs in fixed.items() if rs},
+    {
+      (recipe, rule): group(runs, factor="E", recipe=recipe, rule=rule) for recipe, rule in expected
+    },
+  )
 
 
 def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
@@ -55,11 +72,13 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
   fig_dir.mkdir(parents=True, exist_ok=True)
   pan = panels(runs)
   best = {title: tables.best_k2(rs) for title, rs in pan.items()}
+  study = elastic_study(runs)
   parts = [
     tables.header(sweep, runs),
     tables.setup(runs),
     tables.native_losses(runs),
     hypotheses.statements(pan, best, PANEL_K1, VARIANT_TEXT),
+    elastic.statements(study),
   ]
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
@@ -79,6 +98,16 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
     parts.append(
       f"![Δ vs step](figures/delta_vs_step.png)\n\nFactor C: Δ at k1 = {PANEL_K1} at each "
       "gridded checkpoint, k2 = k1 and k2 = K.\n"
+    )
+  if study.fixed:
+    curves = {rule: elastic.curves(study, rule) for rule in study.fixed}
+    figures.loss_vs_active(curves, fig_dir / "loss_vs_active.png")
+    parts.append(
+      "![loss vs active experts](figures/loss_vs_active.png)\n\nHeld-out loss (absolute) "
+      "against active experts k1, one line per training recipe (each elastic model at its "
+      "native cell; `best fix` is chosen per k1 on the same held-out data, so it is "
+      "optimistic); the mean over seeds, bars the range of the seed means (H7 and H8 give "
+      "the CIs of the differences, paired by seed and sequence).\n"
     )
   parts += [tables.grid_section(title, rs) for title, rs in pan.items()]
   parts.append(tables.limits())

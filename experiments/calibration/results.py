@@ -2,9 +2,20 @@
 
 A run's results live in `runs/<run>/`: `config.json`, `metrics.jsonl`, `eval/k_grid.jsonl`
 (final checkpoint) and `eval/step<N>/k_grid.jsonl` (earlier checkpoints). Grid rows carry
-`loss_per_sequence`, so any two cells of one run can be compared paired per sequence, and
-runs of different seeds can be combined with a hierarchical bootstrap (seeds, then
-sequences: `moejax.stats.seed_level`).
+`loss_per_sequence`, so any two cells of one run can be compared paired per sequence; every
+run is gridded on the same held-out sequences, so two models are compared paired by seed
+(same init and data order) and by sequence.
+
+Seed-level intervals (`seed_interval`): with n >= 2 seeds, a Student-t interval on the n
+per-seed means with n - 1 degrees of freedom. Its standard error adds, to the between-seed
+s²/n, the within-seed variance of a seed's mean (var over sequences / N, averaged over seeds):
+the t interval alone treats the held-out sequences as fixed, and the added term can only widen
+it. A prediction interval for one new seed's mean on these same sequences (which a new seed
+shares, so no sequence term) is
+mean ± t_{n-1} · s · sqrt(1 + 1/n) (the normal-theory prediction interval for one future
+observation; Hahn & Meeker, *Statistical Intervals*, Wiley 1991).
+With one seed there is no t interval: the paired bootstrap over sequences is used instead and
+labelled as such (`moejax.stats.seed_level`, which is that bootstrap for one seed).
 """
 
 from __future__ import annotations
@@ -14,20 +25,27 @@ import pathlib
 from typing import NamedTuple
 
 import numpy as np
+from scipy import stats as sps
 
 from moejax import stats
 
 NATIVE = "native"
 RESAMPLES = 2000
+CONFIDENCE = 0.95
+T, BOOTSTRAP = "t", "bootstrap"  # Estimate.method
 
 
 class Estimate(NamedTuple):
-  """A mean Δ (nats/token) with its 95% CI and the number of seeds behind it."""
+  """A mean (nats/token) with its 95% CI, the seeds behind it and how the CI was formed;
+  `pi_lo`/`pi_hi` bound one new seed's mean (NaN without a t interval)."""
 
   mean: float
   lo: float
   hi: float
   n_seeds: int
+  method: str = T
+  pi_lo: float = float("nan")
+  pi_hi: float = float("nan")
 
   def excludes_zero(self) -> bool:
     return self.lo > 0 or self.hi < 0
@@ -35,6 +53,30 @@ class Estimate(NamedTuple):
   def fmt(self, digits: int = 3) -> str:
     f = f"+.{digits}f"
     return f"{self.mean:{f}} [{self.lo:{f}}, {self.hi:{f}}]"
+
+  def full(self, digits: int = 3) -> str:
+    """`fmt` plus the new-seed prediction interval, or the label of a one-seed bootstrap."""
+    if self.method == BOOTSTRAP:
+      return f"{self.fmt(digits)} (1 seed: bootstrap over sequences)"
+    f = f"+.{digits}f"
+    return f"{self.fmt(digits)} (n={self.n_seeds}; new seed [{self.pi_lo:{f}}, {self.pi_hi:{f}}])"
+
+
+def seed_interval(per_seed: list) -> Estimate:
+  """The mean over seeds of each seed's per-sequence values, with its seed-level 95% CI and
+  one-new-seed prediction interval (module docstring); one seed: the sequence bootstrap."""
+  arrays = [np.asarray(a, np.float64) for a in per_seed]
+  n = len(arrays)
+  if n == 1:
+    mean, (lo, hi) = stats.seed_level(arrays, n_resamples=RESAMPLES, seed=0)
+    return Estimate(mean, lo, hi, 1, BOOTSTRAP)
+  means_S = np.array([a.mean() for a in arrays])
+  mean, s = float(means_S.mean()), float(means_S.std(ddof=1))
+  within = float(np.mean([a.var(ddof=1) / a.size if a.size > 1 else 0.0 for a in arrays]))
+  q = float(sps.t.ppf(0.5 + CONFIDENCE / 2, n - 1))
+  half = q * np.sqrt(s**2 / n + within)
+  pi = q * s * np.sqrt(1 + 1 / n)
+  return Estimate(mean, mean - half, mean + half, n, T, mean - pi, mean + pi)
 
 
 class RunResult(NamedTuple):
@@ -119,10 +161,30 @@ def estimate(
     d = None if grid is None else paired_diffs(grid, cell, against or (run.top_k, NATIVE))
     if d is not None:
       diffs.append(d)
-  if not diffs:
-    return None
-  mean, (lo, hi) = stats.seed_level(diffs, n_resamples=RESAMPLES, seed=0)
-  return Estimate(float(mean), float(lo), float(hi), len(diffs))
+  return seed_interval(diffs) if diffs else None
+
+
+def cell_losses(run: RunResult, cell: tuple) -> np.ndarray | None:
+  row = run.final_grid.get(cell)
+  return None if row is None else np.asarray(row["loss_per_sequence"], np.float64)
+
+
+def pair_by_seed(runs_a: list[RunResult], runs_b: list[RunResult]) -> tuple[list, list]:
+  """The runs of two models at the seeds both have, in matching order."""
+  by_seed = {r.factors.get("seed"): r for r in runs_b}
+  pairs = [(a, by_seed[a.factors.get("seed")]) for a in runs_a if a.factors.get("seed") in by_seed]
+  return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def between(runs_a: list[RunResult], cell_a: tuple, runs_b: list[RunResult], cell_b: tuple):
+  """Seed-level loss of model a at `cell_a` minus model b at `cell_b`, paired by seed (the
+  seeds both have) and by sequence; None when no seed has both cells."""
+  diffs = []
+  for ra, rb in zip(*pair_by_seed(runs_a, runs_b)):
+    a, b = cell_losses(ra, cell_a), cell_losses(rb, cell_b)
+    if a is not None and b is not None:
+      diffs.append(a - b)
+  return seed_interval(diffs) if diffs else None
 
 
 def k2_choices(grid: dict, k1: int) -> list:

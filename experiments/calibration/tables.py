@@ -16,8 +16,14 @@ This file is written by `python experiments/calibration/report.py` from the comm
 results in `runs/` (one folder per run: `config.json`, `metrics.jsonl`, `eval/`); the runs
 come from `python -m launch.sweep experiments/calibration/sweep.py --backend local`.
 Δ is the held-out loss of a cell minus native k1 = K on the same sequences (nats/token).
-Where a rule has several seeds, Δ and its 95% CI are seed-level: a hierarchical
-bootstrap over seeds, then sequences (`moejax.stats.seed_level`).
+Where a rule has n ≥ 2 seeds, Δ and its 95% CI are seed-level: a Student-t interval on
+the n per-seed means (n − 1 degrees of freedom), its standard error widened by the
+within-seed variance of a seed's mean over the held-out sequences (never narrowed); the
+contrasts under Findings also give the prediction interval for one new seed's mean on these
+same sequences, mean ± t · s · sqrt(1 + 1/n) (`results.seed_interval`; it leaves out the
+sequence term, so it can be narrower than the CI where the seeds agree closely). With one
+seed the CI is the paired bootstrap over sequences, labelled so. Two models are compared
+paired by seed (same init and data order) and by sequence.
 """
 
 
@@ -112,7 +118,7 @@ def grid_section(title: str, runs: list[res.RunResult]) -> str:
   grid = runs[0].final_grid
   k1s = sorted({a for (a, _) in grid}, reverse=True)
   k2s = sorted({b for (_, b) in grid}, key=k2_order)
-  kind = "seed-level" if len(runs) > 1 else "paired bootstrap over sequences"
+  kind = "seed-level t" if len(runs) > 1 else "paired bootstrap over sequences"
   lines = [
     f"### {title}: Δ with 95% CI ({len(runs)} run(s), {kind})\n",
     "| k1 \\ k2 | " + " | ".join(str(k) for k in k2s) + " |",
