@@ -1,0 +1,446 @@
+"""The prepared device benchmark: tokens/s, MFU and peak memory of the dense twin, a coarse
+MoE (E 8, K 2) and a fine-grained one (E 64, K 8), with every dispatch impl side by side.
+
+Run on one GPU or TPU host (meant to take under 5 minutes there; not yet measured):
+  python benchmarks/accelerator.py [--backend auto|cpu|gpu|tpu] [--out runs/bench/accelerator]
+Tiny shapes, on CPU (tests/test_benchmarks.py runs this with --n-layers 1 --seq-len 16):
+  python benchmarks/accelerator.py --backend cpu --d-model 32 --n-layers 2 --n-heads 2 \
+    --n-kv-heads 1 --seq-len 32 --batch 4 --vocab 0 --coarse 8/2/16 --fine 16/4/8 \
+    --dtype float32 --out /tmp/bench/accelerator
+
+Only tested on CPU: no GPU or TPU was available where it was written, so no accelerator
+figure has been measured with it yet.
+
+Defaults: d_model 1024, 4 layers, 16 query / 4 kv heads (the TPU preset's attention,
+configs/study_calibration.py:tpu), vocab 32,768, 16 × 1024 tokens per step, bfloat16;
+coarse 8/2/1024 and fine 64/8/256 (E/K/d_expert, the TPU preset's experts), both with
+K·d_expert = 2048, so one dense twin (d_ff 2048, train_step.dense_twin) serves both.
+
+Arms: the dense twin, then each MoE shape with every kernel in `moejax.dispatch.KERNELS`
+meant for the platform (`Kernel.backends`), plus `ragged` where it is not (CPU and GPU: the
+densified ragged_dot, for comparison) and, on NVIDIA GPUs, `ragged` again with
+`--xla_gpu_experimental_use_ragged_dot_fusion` (cuDNN's grouped GEMM; bf16 only).
+
+Each arm runs in its own process (`--worker`): the train step is the one `moejax.train`
+runs (`trainer.compile_steps`: guarded, state donated, the trainer's shardings over all
+local devices), compiled once and timed as the min over `--repeats` steps after a warm-up
+(`common.interleaved_min`), on one fixed batch of the synthetic corpus. Peak memory is the
+device's `memory_stats()["peak_bytes_in_use"]` in that process (max over local devices)
+where the backend reports it, else the compiled step's `memory_analysis()` (arguments +
+outputs + temporaries − aliased). An arm that fails (e.g. out of memory) is reported with
+its error, not fatal. Arms run within `--budget-s` (default 280 s, so the whole command
+stays under 5 minutes), each within `--arm-timeout`; arms past the budget are listed as
+skipped. `--xla-cache DIR` keeps compiles for a rerun. MFU and TFLOPS/device use
+`moejax.flops` (PaLM's model FLOPs). Writes OUT.json and OUT.md and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import interleaved_min
+from train_step import dense_twin
+
+RAGGED_FUSION_FLAG = "--xla_gpu_experimental_use_ragged_dot_fusion=true"
+FALLBACK_IMPLS = ("fused", "blocked", "ragged")  # before moejax.dispatch.KERNELS existed
+# Measured off the platforms they are meant for, for comparison (the densified ragged_dot).
+OFF_PLATFORM_ARMS = {"cpu": ("ragged",), "cuda": ("ragged",), "rocm": ("ragged",)}
+JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+RESULT = "RESULT "  # the worker's output line
+
+
+class Shape(NamedTuple):
+  """One MoE shape: E experts, top-K, expert width f."""
+
+  n_experts: int
+  top_k: int
+  d_expert: int
+
+  def label(self) -> str:
+    return f"{self.n_experts}/{self.top_k}/{self.d_expert}"
+
+
+def parse_shape(text: str) -> Shape:
+  try:
+    E, K, f = (int(v) for v in text.split("/"))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r}: use E/K/d_expert, e.g. 64/8/256") from None
+  if not (1 <= K <= E and f >= 1):
+    raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= K <= E and d_expert >= 1")
+  return Shape(E, K, f)
+
+
+def parse_set(text: str) -> tuple[str, object]:
+  key, sep, raw = text.partition("=")
+  if not sep:
+    raise argparse.ArgumentTypeError(f"--set {text!r}: use KEY=VALUE, e.g. model.remat=full")
+  try:
+    return key, ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    return key, raw
+
+
+class Arm(NamedTuple):
+  """One measured configuration (what a worker process is given, as JSON)."""
+
+  name: str
+  model: str  # dense | coarse | fine
+  impl: str  # "" for dense
+  shape: Shape | None
+  xla_flags: str
+
+  def to_json(self) -> dict:
+    d = self._asdict()
+    d["shape"] = None if self.shape is None else self.shape._asdict()
+    return d
+
+
+def impls_for(platform: str, kernels: dict | None) -> list[str]:
+  """The impls to measure on `platform`: KERNELS meant for it, plus OFF_PLATFORM_ARMS."""
+  if kernels is None:
+    return list(FALLBACK_IMPLS)
+  extra = OFF_PLATFORM_ARMS.get(platform, ())
+  return [n for n, k in kernels.items() if platform in k.backends or n in extra]
+
+
+def plan_arms(platform: str, impls: list[str], coarse: Shape, fine: Shape) -> list[Arm]:
+  """Dense twin(s) first (one per distinct K·d_expert), then each shape × impl."""
+  arms, widths = [], []
+  for s in (coarse, fine):
+    if s.top_k * s.d_expert not in widths:
+      widths.append(s.top_k * s.d_expert)
+      suffix = "" if not arms else f"-{s.top_k * s.d_expert}"
+      arms.append(Arm(f"dense{suffix}", "dense", "", s, ""))
+  for model, s in (("coarse", coarse), ("fine", fine)):
+    for impl in impls:
+      arms.append(Arm(f"{model}-{impl}", model, impl, s, ""))
+      if impl == "ragged" and platform == "cuda":
+        arms.append(Arm(f"{model}-ragged-cudnn", model, impl, s, RAGGED_FUSION_FLAG))
+  return arms
+
+
+# ---------------------------------------------------------------- one arm (worker process)
+
+
+def arm_config(args, arm: Arm):
+  """base_config() at the benchmark's shape, then the arm's model and impl."""
+  from moejax.config import base_config  # pylint: disable=import-outside-toplevel
+
+  c = base_config()
+  c.model.update(
+    d_model=args.d_model,
+    n_layers=args.n_layers,
+    n_heads=args.n_heads,
+    n_kv_heads=args.n_kv_heads,
+    vocab_size=args.vocab,
+    dtype=args.dtype,
+  )
+  s = arm.shape
+  c.model.moe.update(rule="qwen3_moe", n_experts=s.n_experts, top_k=s.top_k, d_expert=s.d_expert)
+  if arm.impl:
+    c.model.moe.impl = arm.impl
+  docs = max(200, args.batch * (args.seq_len + 1) // 100)  # ~350 byte tokens per document
+  c.data.update(corpus="synthetic", tokenizer="byte", synthetic_docs=docs, batch_size=args.batch)
+  c.data.seq_len = args.seq_len
+  c.train.progress = False
+  c.wandb.mode = "disabled"
+  for key, value in args.set:
+    *parents, leaf = key.split(".")
+    node = c
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return dense_twin(c) if arm.model == "dense" else c
+
+
+def _peak_bytes(compiled) -> tuple[int, str, dict]:
+  """(peak bytes, where it came from, the compiled step's memory analysis)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  m = compiled.memory_analysis()
+  analysis = {}
+  if m is not None:
+    analysis = {
+      "argument_bytes": int(m.argument_size_in_bytes),
+      "output_bytes": int(m.output_size_in_bytes),
+      "temp_bytes": int(m.temp_size_in_bytes),
+      "alias_bytes": int(m.alias_size_in_bytes),
+    }
+  stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+  if peaks:
+    return int(max(peaks)), "memory_stats", analysis
+  if analysis:
+    used = analysis["argument_bytes"] + analysis["output_bytes"] + analysis["temp_bytes"]
+    return used - analysis["alias_bytes"], "memory_analysis", analysis
+  return 0, "none", analysis
+
+
+def run_arm(args, arm: Arm) -> dict:
+  """Builds, compiles and times the arm's train step as moejax.train runs it."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from moejax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from moejax import distributed, flops, sharding, trainer  # pylint: disable=import-outside-toplevel
+
+  c = arm_config(args, arm)
+  run = trainer.build(c, workdir=None)
+  step_fn, _ = trainer.compile_steps(run)
+  batch_sharding = sharding.batch_sharding(run.mesh)
+  it = run.data.train_iterator(distributed.process_shard(batch_sharding, c.data.batch_size))
+  tokens = distributed.global_batch(next(it)["tokens"], batch_sharding, c.data.batch_size)
+  rng = jax.random.key(0)
+  t = time.perf_counter()
+  compiled = step_fn.lower(run.state, tokens, rng).compile()
+  compile_s = time.perf_counter() - t
+  box = [run.state]
+
+  def step():
+    box[0], metrics = compiled(box[0], tokens, rng)
+    return box[0], metrics
+
+  step_s = interleaved_min({"step": step}, args.repeats)["step"]
+  mc = config_lib.model_config(c, run.data.tokenizer.vocab_size)
+  perf = flops.Perf.for_run(mc, c.data.seq_len)
+  tokens_per_s = c.data.batch_size * c.data.seq_len / step_s
+  metrics = flops.perf_metrics(perf, tokens_per_s)
+  peak, source, analysis = _peak_bytes(compiled)
+  return {
+    **arm.to_json(),
+    "d_ff": mc.d_ff if arm.model == "dense" else 0,
+    "tokens_per_s": tokens_per_s,
+    "step_s": step_s,
+    "compile_s": compile_s,
+    "flops_per_token": perf.flops.at(),
+    "tflops_per_device": metrics[flops.TFLOPS_METRIC],
+    "mfu": metrics.get(flops.MFU_METRIC),
+    "peak_bytes": peak,
+    "peak_source": source,
+    **analysis,
+    "n_params": run.n_params,
+    "n_active_params": run.n_active,
+    "env_xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "error": None,
+  }
+
+
+def probe() -> dict:
+  """The backend as the workers will see it (its own process: a TPU opens in one only)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from moejax import dispatch, flops  # pylint: disable=import-outside-toplevel
+
+  d = jax.devices()[0]
+  platform = d.platform
+  if platform == "gpu":
+    platform = "rocm" if "rocm" in str(d.client.platform_version).lower() else "cuda"
+  try:
+    auto = dispatch.resolve_impl("auto", "dropless", platform)
+  except Exception as e:  # noqa: BLE001  (an older resolve_impl signature)
+    auto = f"unknown ({e})"
+  return {
+    "platform": platform,
+    "device_kind": d.device_kind,
+    "n_devices": jax.device_count(),
+    "peak_bf16_tflops": flops.peak_bf16_tflops(d.device_kind),
+    "jax": jax.__version__,
+    "impls": impls_for(platform, getattr(dispatch, "KERNELS", None)),
+    "auto_impl": auto,
+    "env_xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _child(
+  args, argv: list[str], xla_flags: str = "", timeout: float | None = None
+) -> subprocess.CompletedProcess:
+  env = dict(os.environ)
+  if args.backend != "auto":
+    env["JAX_PLATFORMS"] = JAX_PLATFORMS[args.backend]
+  if xla_flags:
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+  if getattr(args, "xla_cache", ""):  # reruns skip compiles (their compile_s is a cache load)
+    env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(args.xla_cache)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  cmd = [sys.executable, os.path.abspath(__file__), *argv]
+  return subprocess.run(
+    cmd, check=False, env=env, capture_output=True, text=True, timeout=timeout or args.arm_timeout
+  )
+
+
+def _result(proc: subprocess.CompletedProcess) -> dict:
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+  if proc.returncode == 0 and lines:
+    return json.loads(lines[-1][len(RESULT) :])
+  tail = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+  return {"error": f"exit {proc.returncode}: {tail[-1] if tail else 'no output'}"[:300]}
+
+
+def measure(args, forwarded: list[str], arm: Arm, seconds_left: float) -> dict:
+  """One arm in its own process, within --arm-timeout and what is left of --budget-s."""
+  if seconds_left < 1:
+    return {**arm.to_json(), "error": f"skipped: --budget-s {args.budget_s} spent"}
+  timeout = min(args.arm_timeout, seconds_left)
+  argv = [*forwarded, "--worker", json.dumps(arm.to_json())]
+  try:
+    out = _result(_child(args, argv, arm.xla_flags, timeout))
+  except subprocess.TimeoutExpired:
+    out = {"error": f"timed out after {timeout:.0f} s (--arm-timeout, --budget-s)"}
+  return {**arm.to_json(), **out}
+
+
+def _fmt(v, spec: str, missing: str = "—") -> str:
+  return missing if v is None else format(v, spec)
+
+
+def _bytes(n: int) -> str:
+  return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+HEADER = "| arm | E/K/f | impl | tokens/s | TFLOPS/device | MFU | peak memory | compile s | note |"
+
+
+def table_row(r: dict) -> str:
+  shape = r["shape"]
+  ekf = f"dense d_ff {r['d_ff']}" if r["model"] == "dense" and r.get("d_ff") else ""
+  if not ekf and shape:
+    ekf = f"{shape['n_experts']}/{shape['top_k']}/{shape['d_expert']}"
+  if r.get("error"):
+    return f"| {r['name']} | {ekf} | {r['impl'] or '—'} | — | — | — | — | — | {r['error']} |"
+  note = "XLA_FLAGS " + r["xla_flags"] if r["xla_flags"] else ""
+  return (
+    f"| {r['name']} | {ekf} | {r['impl'] or '—'} | {r['tokens_per_s']:,.0f} | "
+    f"{r['tflops_per_device']:.3g} | {_fmt(r['mfu'], '.1%')} | "
+    f"{_bytes(r['peak_bytes'])} ({r['peak_source']}) | {r['compile_s']:.1f} | {note} |"
+  )
+
+
+def markdown(report: dict) -> str:
+  p, s = report["probe"], report["shape"]
+  lines = [
+    f"# Accelerator benchmark: {p['device_kind']} × {p['n_devices']} ({p['platform']})",
+    "",
+    (
+      f"jax {p['jax']}; bf16 peak {_fmt(p['peak_bf16_tflops'], 'g', 'unknown')} TFLOPS per "
+      f"device; `auto` dropless impl here: {p['auto_impl']}; {report['seconds']:.0f} s in all."
+    ),
+    (
+      f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']}/{s['n_kv_heads']} "
+      f"heads, vocab {s['vocab'] or 'byte'}, {s['batch']} × {s['seq_len']} tokens per step, "
+      f"{s['dtype']}; min of {s['repeats']} steps."
+    ),
+    "",
+    f"Command: `{report['command']}`",
+    "",
+    HEADER,
+    "|---|---|---|---:|---:|---:|---:|---:|---|",
+    *(table_row(r) for r in report["arms"]),
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: str) -> tuple[str, str]:
+  stem = out.removesuffix(".json")
+  os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+  with open(f"{stem}.json", "w") as f:
+    json.dump(report, f, indent=1)
+  with open(f"{stem}.md", "w") as f:
+    f.write(markdown(report))
+  return f"{stem}.json", f"{stem}.md"
+
+
+SHAPE_FLAGS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "vocab", "seq_len", "batch")
+
+
+def parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--backend", choices=("auto", *JAX_PLATFORMS), default="auto")
+  p.add_argument("--out", default="runs/bench/accelerator", help="writes OUT.json and OUT.md")
+  p.add_argument("--d-model", type=int, default=1024)
+  p.add_argument("--n-layers", type=int, default=4)
+  p.add_argument("--n-heads", type=int, default=16)
+  p.add_argument("--n-kv-heads", type=int, default=4)
+  p.add_argument("--vocab", type=int, default=32768, help="0: the byte tokenizer's")
+  p.add_argument("--seq-len", type=int, default=1024)
+  p.add_argument("--batch", type=int, default=16, help="sequences per step, all devices")
+  p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+  p.add_argument("--coarse", type=parse_shape, default=Shape(8, 2, 1024), help="E/K/d_expert")
+  p.add_argument("--fine", type=parse_shape, default=Shape(64, 8, 256), help="E/K/d_expert")
+  p.add_argument("--impls", default="", help="comma-separated subset (default: all that run)")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--arm-timeout", type=int, default=150, help="seconds per arm at most")
+  p.add_argument(
+    "--budget-s", type=int, default=280, help="seconds for all arms; later ones are skipped"
+  )
+  p.add_argument("--xla-cache", default="", help="a persistent compilation cache dir for reruns")
+  p.add_argument("--set", type=parse_set, action="append", default=[], help="KEY=VALUE")
+  p.add_argument("--worker", help=argparse.SUPPRESS)
+  p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+  return p
+
+
+def forwarded_flags(args) -> list[str]:
+  """The flags a worker needs to rebuild the same configs."""
+  argv = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SHAPE_FLAGS]
+  argv += [f"--dtype={args.dtype}", f"--repeats={args.repeats}"]
+  for key, value in args.set:
+    argv.append(f"--set={key}={value!r}")
+  return argv
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def main() -> None:
+  args = parser().parse_args()
+  if args.worker:
+    d = json.loads(args.worker)
+    arm = Arm(**{**d, "shape": Shape(**d["shape"])})
+    print(RESULT + json.dumps(run_arm(args, arm)), flush=True)
+    return
+  if args.probe:
+    print(RESULT + json.dumps(probe()), flush=True)
+    return
+  t0 = time.time()
+  info = _result(_child(args, ["--probe"]))
+  if info.get("error"):
+    _fail(f"the backend probe failed ({info['error']})")
+  impls = info["impls"]
+  if args.impls:
+    wanted = args.impls.split(",")
+    unknown = sorted(set(wanted) - set(impls))
+    if unknown:
+      _fail(f"--impls {','.join(unknown)} is not runnable here; use {','.join(impls)}")
+    impls = wanted
+  print(f"{info['device_kind']} × {info['n_devices']} ({info['platform']}); impls {impls}")
+  print(HEADER, flush=True)
+  results = []
+  for arm in plan_arms(info["platform"], impls, args.coarse, args.fine):
+    left = args.budget_s - (time.time() - t0)
+    results.append(measure(args, forwarded_flags(args), arm, left))
+    print(table_row(results[-1]), flush=True)
+  report = {
+    "probe": info,
+    "shape": {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dtype", "repeats")},
+    "command": " ".join(["python", "benchmarks/accelerator.py", *sys.argv[1:]]),
+    "seconds": time.time() - t0,
+    "arms": results,
+  }
+  for path in write(report, args.out):
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,173 @@
+"""benchmarks/accelerator.py: its arm plan per platform, and one tiny `--backend cpu` run
+end to end (each arm in its own process, as on a device). No timing assertions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "accelerator.py")
+TINY = [
+  "--backend=cpu",
+  "--d-model=32",
+  "--n-layers=1",
+  "--n-heads=2",
+  "--n-kv-heads=1",
+  "--seq-len=16",
+  "--batch=4",
+  "--vocab=0",
+  "--coarse=8/2/16",
+  "--fine=16/4/8",
+  "--dtype=float32",
+  "--repeats=1",
+  "--budget-s=3000",  # a loaded CPU runner is slow; the default 280 s is for a device host
+]
+CPU_ARMS = [
+  "dense",
+  "coarse-fused",
+  "coarse-blocked",
+  "coarse-ragged",
+  "fine-fused",
+  "fine-blocked",
+  "fine-ragged",
+]
+
+
+def load_script():
+  spec = importlib.util.spec_from_file_location("accelerator_bench", SCRIPT)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+  return load_script()
+
+
+# Kernels as the table describes them: the platforms each is meant for.
+KERNELS = {
+  "fused": SimpleNamespace(backends=("cpu", "cuda", "rocm", "tpu")),
+  "blocked": SimpleNamespace(backends=("cpu", "cuda", "rocm", "tpu")),
+  "ragged": SimpleNamespace(backends=("tpu",)),
+  "megablox": SimpleNamespace(backends=("tpu",)),
+}
+
+
+@pytest.mark.parametrize(
+  "platform, impls",
+  [
+    ("cpu", ["fused", "blocked", "ragged"]),
+    ("cuda", ["fused", "blocked", "ragged"]),
+    ("tpu", ["fused", "blocked", "ragged", "megablox"]),
+  ],
+)
+def test_impls_per_platform(bench, platform, impls):
+  """Kernels meant for the platform, plus ragged_dot off TPU (the densified comparison)."""
+  assert bench.impls_for(platform, KERNELS) == impls
+  assert bench.impls_for(platform, None) == ["fused", "blocked", "ragged"]
+
+
+def test_gpu_plan_adds_the_cudnn_ragged_arm(bench):
+  coarse, fine = bench.Shape(8, 2, 1024), bench.Shape(64, 8, 256)
+  arms = bench.plan_arms("cuda", ["fused", "ragged"], coarse, fine)
+  assert [a.name for a in arms] == [
+    "dense",
+    "coarse-fused",
+    "coarse-ragged",
+    "coarse-ragged-cudnn",
+    "fine-fused",
+    "fine-ragged",
+    "fine-ragged-cudnn",
+  ]
+  flagged = [a for a in arms if a.xla_flags]
+  assert all(a.xla_flags == "--xla_gpu_experimental_use_ragged_dot_fusion=true" for a in flagged)
+  assert not any(a.xla_flags for a in bench.plan_arms("tpu", ["ragged"], coarse, fine))
+
+
+def test_one_dense_twin_per_active_width(bench):
+  """K·d_expert 2048 for both shapes: one dense arm; different widths: one each."""
+  same = bench.plan_arms("cpu", ["fused"], bench.Shape(8, 2, 1024), bench.Shape(64, 8, 256))
+  assert [a.name for a in same if a.model == "dense"] == ["dense"]
+  other = bench.plan_arms("cpu", ["fused"], bench.Shape(8, 2, 1024), bench.Shape(64, 8, 128))
+  assert [a.name for a in other if a.model == "dense"] == ["dense", "dense-1024"]
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("bench") / "accelerator")
+  env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", "WANDB_MODE": "disabled"}
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, *TINY, f"--out={out}"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+    check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  with open(f"{out}.json") as f:
+    report = json.load(f)
+  with open(f"{out}.md") as f:
+    md = f.read()
+  return report, md, proc.stdout
+
+
+def test_cpu_run_writes_every_arm(cpu_run):
+  report, md, stdout = cpu_run
+  assert set(report) == {"probe", "shape", "command", "seconds", "arms"}
+  assert report["probe"]["platform"] == "cpu"
+  assert report["probe"]["peak_bf16_tflops"] is None
+  assert report["shape"]["d_model"] == 32 and report["shape"]["repeats"] == 1
+  assert [a["name"] for a in report["arms"]] == CPU_ARMS
+  for arm in report["arms"]:
+    assert arm["error"] is None, arm
+    assert arm["tokens_per_s"] > 0 and arm["step_s"] > 0, arm["name"]
+    assert arm["tflops_per_device"] > 0 and arm["flops_per_token"] > 0, arm["name"]
+    assert arm["mfu"] is None, arm["name"]  # no CPU peak
+    assert arm["peak_bytes"] > 0 and arm["peak_source"] == "memory_analysis", arm["name"]
+    assert f"| {arm['name']} |" in md and f"| {arm['name']} |" in stdout
+
+
+def test_cpu_run_arms_have_their_shapes(cpu_run):
+  arms = {a["name"]: a for a in cpu_run[0]["arms"]}
+  assert arms["dense"]["d_ff"] == 2 * 16  # the twin: K·d_expert
+  assert arms["dense"]["n_params"] == arms["dense"]["n_active_params"]
+  for name in ("coarse-fused", "fine-ragged"):
+    shape = arms[name]["shape"]
+    assert arms[name]["n_params"] > arms[name]["n_active_params"], name
+    assert (shape["n_experts"], shape["top_k"]) in ((8, 2), (16, 4))
+  # Same active width: the same model FLOPs per token, up to the router (d·E per layer).
+  router = 6 * 32 * (16 - 8)
+  assert arms["fine-fused"]["flops_per_token"] - arms["coarse-fused"]["flops_per_token"] == router
+
+
+def test_an_arms_xla_flags_reach_its_process(bench):
+  """The cuDNN ragged arm's flag is set in the worker's environment, after the caller's."""
+  args = SimpleNamespace(backend="cpu", arm_timeout=600)
+  proc = bench._child(args, ["--probe"], bench.RAGGED_FUSION_FLAG)
+  probe = bench._result(proc)
+  assert probe["env_xla_flags"].endswith(bench.RAGGED_FUSION_FLAG), probe
+  assert probe["platform"] == "cpu"
+
+
+def test_arms_past_the_budget_are_skipped_not_run(bench):
+  args = SimpleNamespace(budget_s=280)
+  arm = bench.Arm("fine-fused", "fine", "fused", bench.Shape(64, 8, 256), "")
+  out = bench.measure(args, [], arm, seconds_left=0.5)
+  assert out["name"] == "fine-fused" and out["error"] == "skipped: --budget-s 280 spent"
+
+
+def test_bad_shape_is_a_one_line_error():
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, "--coarse=8/9/16"], capture_output=True, text=True, check=False
+  )
+  assert proc.returncode == 2 and "need 1 <= K <= E" in proc.stderr
