@@ -68,7 +68,7 @@ def test_sweep_expands_to_the_stated_runs():
   assert len(by_factor["B"]) == 8 and {r.factors["seed"] for r in by_factor["B"]} == {0}
   assert len(by_factor["D"]) == 8
   assert {r.factors["variant"] for r in by_factor["D"]} == {"e32k4", "init_wide"}
-  # E (issue 18): uniform and fixed_k2 for both core rules, uniform_k2K for qwen3_moe, at
+  # E (issue 18): uniform and fixed_k2 for both core rules, uniform_k2topk for qwen3_moe, at
   # seeds 0 and 1; token for both core rules at seed 0.
   recipes = {}
   for r in by_factor["E"]:
@@ -76,7 +76,7 @@ def test_sweep_expands_to_the_stated_runs():
   both = {(rule, s) for rule in ("qwen3_moe", "olmoe") for s in (0, 1)}
   assert recipes == {
     "uniform": both,
-    "uniform_k2K": {("qwen3_moe", 0), ("qwen3_moe", 1)},
+    "uniform_k2topk": {("qwen3_moe", 0), ("qwen3_moe", 1)},
     "token": {("qwen3_moe", 0), ("olmoe", 0)},
     "fixed_k2": both,
   }

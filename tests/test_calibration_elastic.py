@@ -169,7 +169,7 @@ def test_h7_compares_elastic_and_fixed_k_at_k1_K_paired_by_seed(built):
   olmoe = _line(h7, "- uniform olmoe:")
   assert _between(root, "e-uniform-olmoe", (8, "native"), "a-olmoe", (8, "native")) in olmoe
   assert olmoe.endswith("costs 0.01 nats or more (H7 fails).")
-  assert "- uniform_k2K qwen3_moe: not run yet." in h7
+  assert "- uniform_k2topk qwen3_moe: not run yet." in h7
 
 
 def test_h8_compares_with_the_best_post_hoc_fix_and_the_k2_model(built):

@@ -2,7 +2,7 @@
 off a seed-level 95% CI (`results.seed_interval`), models paired by seed and sequence.
 
 The recipes are `sweep.py`'s RECIPES: `uniform` (k drawn per layer from {1..K}, the rule's own
-normalization over the k used), `uniform_k2K` (the same, divided by the top-K score mass),
+normalization over the k used), `uniform_k2topk` (the same, divided by the top-K score mass),
 `token` (a draw per token) and `fixed_k2` (trained at K = 2, the Matryoshka MoE reference:
 Wang et al., arXiv 2509.26520). The fixed-K models are factor A's.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import results as res
 
 NATIVE = res.NATIVE
-ELASTIC = ("uniform", "uniform_k2K", "token")  # the recipes trained at many k
+ELASTIC = ("uniform", "uniform_k2topk", "token")  # the recipes trained at many k
 H6_RECIPES = ("uniform", "token")  # elastic with the rule's own renormalization
 RENORMALIZED = "qwen3_moe"
 REFERENCE = "fixed_k2"

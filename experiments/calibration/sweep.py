@@ -79,7 +79,7 @@ ELASTIC = {"model.moe.train_k": "uniform", "model.moe.train_k_min": 1}
 RECIPES = (  # (recipe, rules, seeds, overrides)
   ("uniform", CORE_RULES, (0, 1), {**ELASTIC, "model.moe.train_k_scope": "layer"}),
   (
-    "uniform_k2K",
+    "uniform_k2topk",
     ("qwen3_moe",),
     (0, 1),
     {**ELASTIC, "model.moe.train_k_scope": "layer", "model.moe.train_k2": "K"},
