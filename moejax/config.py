@@ -45,7 +45,9 @@ def base_config() -> ml_collections.ConfigDict:
     tie_embeddings=True,
     rope_theta=10000.0,
     norm_eps=1e-6,
-    dtype="float32",
+    dtype="float32",  # compute dtype; parameters, optimizer, router, losses stay float32
+    remat="none",  # moejax.remat.REMAT_POLICIES: none | full | minimal | dots_saveable
+    attention="xla",  # moejax.attention.ATTENTION_IMPLS: xla | dot_product | splash
     init_std=0.02,
     moe_every=1,
     first_dense=0,
@@ -70,6 +72,13 @@ def base_config() -> ml_collections.ConfigDict:
       expert_init_std=0.0,  # routed experts' init std; 0: model.init_std
       n_groups=0,  # 0: the rule's own grouping
       topk_groups=0,
+      # elastic-k training (moejax.elastic): fixed | uniform | schedule; step | layer | token;
+      # what the routed weights are divided by, k (the used experts) | K (the top-K mass)
+      train_k="fixed",
+      train_k_min=1,
+      train_k_scope="layer",
+      train_k2="k",
+      train_k_schedule="",  # "step:k,step:k,..." for train_k=schedule
       # Merge-rule fields; None (unset): the named rule's value (routing.compose_rule).
       **{f: config_dict.placeholder(object) for f in RULE_OVERRIDES},
     ),

@@ -93,11 +93,11 @@ def _dropless_with(name: str, block: int) -> Callable:
   `platform_dependent` are the same callable (it merges them)."""
   kernel = KERNELS[name]
 
-  def run(x_TxD, experts_TxK, weights_TxK, ex):
+  def run(x_TxD, experts_TxK, weights_TxK, ex, used_TxK):
     T, K = experts_TxK.shape
     E = ex.w_gate_ExDxF.shape[0]
     sizes = (1,) if kernel.contiguous else plans.block_sizes(block, T * K, E)
-    plan, blocks, counts_E = plans.dropless_plan(experts_TxK, E, sizes)
+    plan, blocks, counts_E = plans.dropless_plan(experts_TxK, E, sizes, used_TxK)
     args = plans.KernelArgs(x_TxD, plan, blocks, sizes, counts_E, weights_TxK, ex)
     return kernel.run(args)
 
@@ -112,10 +112,13 @@ def dropless(
   *,
   impl: str = "auto",
   block: int = 32,
+  used_TxK: jax.Array | None = None,
 ) -> jax.Array:
-  """Computes every assignment: sort by expert, run the kernel, unsort and combine."""
+  """Computes every assignment: sort by expert, run the kernel, unsort and combine.
+  Assignments outside `used_TxK` (elastic-k training) are left out of the plan: they take
+  no rows of any block, so fewer blocks run; their weights must be 0."""
   check_choice("impl", impl, IMPLS)
-  args = (x_TxD, experts_TxK, weights_TxK, _cast(ex, x_TxD.dtype))
+  args = (x_TxD, experts_TxK, weights_TxK, _cast(ex, x_TxD.dtype), used_TxK)
   return _on_platform(impl, "dropless", functools.partial(_dropless_with, block=block), args)
 
 

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.attention import ATTENTION_IMPLS
+
 DTYPES = ("float32", "bfloat16")
 # QK-norm per head over head_dim (Qwen3), or over the whole projection (OLMoE).
 QK_NORM_SCOPES = ("head", "proj")
@@ -50,30 +52,13 @@ def rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Ar
   return out.astype(x_BxLxHxK.dtype)
 
 
-def causal_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array) -> jax.Array:
-  """Causal softmax attention with G kv heads shared by H/G consecutive query heads each.
-
-  Scores and softmax are float32; query head h reads kv head h // (H/G) (HF `repeat_kv`).
-  """
-  B, L, H, K = q_BxLxHxK.shape
-  G = k_BxLxGxK.shape[2]
-  q_BxLxGxRxK = q_BxLxHxK.reshape(B, L, G, H // G, K)
-  s_BxGxRxLxS = jnp.einsum(
-    "blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxLxGxK, preferred_element_type=jnp.float32
-  ) * (K**-0.5)
-  causal_LxS = jnp.tril(jnp.ones((L, L), dtype=bool))
-  s_BxGxRxLxS = jnp.where(causal_LxS, s_BxGxRxLxS, jnp.finfo(jnp.float32).min)
-  p_BxGxRxLxS = jax.nn.softmax(s_BxGxRxLxS, axis=-1).astype(v_BxLxGxK.dtype)
-  o_BxLxGxRxK = jnp.einsum("bgrls,bsgk->blgrk", p_BxGxRxLxS, v_BxLxGxK)
-  return o_BxLxGxRxK.reshape(B, L, H, K)
-
-
 class Attention(nnx.Module):
   """Grouped-query causal self-attention with RoPE, optional QK-norm and q/k/v biases.
 
   QK-norm is an RMSNorm on q and k before RoPE: per head over head_dim (`qk_norm_scope=
   "head"`, Qwen3) or over the whole projection, all heads at once (`"proj"`, OLMoE).
   `qkv_bias` adds biases to the q/k/v projections (Qwen2); o_proj never has one.
+  `impl` names the attention kernel (`moejax.attention.ATTENTION_IMPLS`).
   """
 
   def __init__(
@@ -91,9 +76,11 @@ class Attention(nnx.Module):
     init_std: float = 0.02,
     out_std: float | None = None,
     norm_eps: float = 1e-6,
+    impl: str = "xla",
     rngs: nnx.Rngs,
   ):
     self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+    self.impl = impl
     self.rope_theta = rope_theta
     cdt = jnp.dtype(dtype)
 
@@ -135,7 +122,7 @@ class Attention(nnx.Module):
       q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
     q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, self.rope_theta)
     k_BxLxGxK = rope(k_BxLxGxK, positions_BxL, self.rope_theta)
-    o_BxLxHxK = causal_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
+    o_BxLxHxK = ATTENTION_IMPLS[self.impl](q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
     return self.o_proj(o_BxLxHxK.reshape(B, L, self.n_heads * self.head_dim))
 
 

@@ -7,7 +7,8 @@ VJP reuses the forward tiling, which is illegal for the backward pass whenever t
 weight dims differ and are not both multiples of 128 (d_model 128 with d_expert 32). Rows are
 sorted by expert without padding; the buffer is padded to a multiple of the m tile, and the
 pad rows (zeros) are counted in the last expert's group, so every row belongs to a group
-and contributes exactly zero. Inputs stay in the compute dtype (bf16 on TPU presets) and
+and contributes exactly zero (so do rows left empty by elastic-k's unused assignments, which
+megablox therefore still computes). Inputs stay in the compute dtype (bf16 on TPU presets) and
 accumulate in float32. Lowered for TPU it is a Mosaic kernel; on any other platform the
 same kernel runs in Pallas interpret mode (slow; for tests on CPU).
 """
@@ -94,7 +95,9 @@ def _run(x_TxD, plan, counts_E, weights_TxK, ex, *, interpret: bool) -> jax.Arra
   tm = m_tile(A, E)
   pad = -A % tm
   x_MxD = jnp.pad(x_AxD, ((0, pad), (0, 0)))
-  counts_E = counts_E.astype(jnp.int32).at[-1].add(pad)
+  # pad rows, and rows left empty by unused assignments (elastic-k), join the last group
+  counts_E = counts_E.astype(jnp.int32)
+  counts_E = counts_E.at[-1].add(A + pad - counts_E.sum())
   y_AxD = swiglu(x_MxD, ex, counts_E, tm, interpret)[:A]
   return plans.combine(y_AxD, plan, weights_TxK)
 

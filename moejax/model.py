@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax import elastic, remat
+from moejax.attention import ATTENTION_IMPLS
 from moejax.errors import UserError, check_choice
 from moejax.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
 from moejax.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
@@ -20,7 +22,12 @@ from moejax.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape and options of the Transformer; `head_dim=0` means d_model // n_heads."""
+  """Shape and options of the Transformer; `head_dim=0` means d_model // n_heads.
+
+  `dtype` is the compute dtype of attention, FFNs, experts and the residual stream;
+  parameters, optimizer state, norms' statistics, router, softmax and losses stay float32.
+  `remat` names a block rematerialization policy (`moejax.remat.REMAT_POLICIES`),
+  `attention` an attention implementation (`moejax.attention.ATTENTION_IMPLS`)."""
 
   vocab_size: int
   d_model: int
@@ -40,6 +47,8 @@ class ModelConfig:
   moe: MoEConfig | None = None
   moe_every: int = 1
   first_dense: int = 0
+  remat: str = "none"
+  attention: str = "xla"
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads"):
@@ -61,6 +70,8 @@ class ModelConfig:
         f"model.head_dim={self.resolved_head_dim} is not allowed; RoPE needs an even head_dim"
       )
     check_choice("model.dtype", self.dtype, DTYPES)
+    check_choice("model.remat", self.remat, tuple(remat.REMAT_POLICIES))
+    check_choice("model.attention", self.attention, tuple(ATTENTION_IMPLS))
     if self.qk_norm_scope not in QK_NORM_SCOPES:
       raise UserError(
         f"model.qk_norm_scope={self.qk_norm_scope!r} is not allowed; "
@@ -119,6 +130,7 @@ class Block(nnx.Module):
       init_std=cfg.init_std,
       out_std=out_std,
       norm_eps=cfg.norm_eps,
+      impl=cfg.attention,
       rngs=rngs,
     )
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
@@ -140,19 +152,23 @@ class Block(nnx.Module):
     train: bool = False,
     rng: jax.Array | None = None,
     routed_scale: jax.Array | None = None,
+    train_k: jax.Array | None = None,
   ) -> tuple[jax.Array, RouterOut | None]:
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
       return x_BxLxD + self.mlp(h_BxLxD), None
     y_BxLxD, router_out = self.mlp(
-      h_BxLxD, k=k, k2=k2, train=train, rng=rng, routed_scale=routed_scale
+      h_BxLxD, k=k, k2=k2, train=train, rng=rng, routed_scale=routed_scale, train_k=train_k
     )
     return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), router_out
 
 
 class Transformer(nnx.Module):
-  """Decoder-only LM: embed → blocks → final RMSNorm → float32 logits (tied/untied head)."""
+  """Decoder-only LM: embed → blocks → final RMSNorm → float32 logits (tied/untied head).
+
+  The head multiplies in the compute dtype and accumulates and returns float32 logits
+  (MaxText's default `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -173,8 +189,9 @@ class Transformer(nnx.Module):
         cfg.d_model,
         cfg.vocab_size,
         use_bias=False,
-        dtype=jnp.float32,
+        dtype=jnp.dtype(cfg.dtype),
         param_dtype=jnp.float32,
+        preferred_element_type=jnp.float32,
         kernel_init=init_normal(cfg.init_std),
         rngs=rngs,
       )
@@ -188,32 +205,49 @@ class Transformer(nnx.Module):
     train: bool = False,
     rng: jax.Array | None = None,
     routed_scale_M: jax.Array | None = None,
+    step: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[int, RouterOut]]:
     """Float32 logits [B, L, V] and the `RouterOut` of each MoE layer, by layer index.
 
     At eval without `rng`, routing randomness (GShard's random second expert) uses a fixed
     seed, so evaluations are reproducible. `routed_scale_M` (optional, eval): one multiplier
     of the routed output per MoE layer, in layer order; a traced array, so one compiled
-    forward serves every value."""
+    forward serves every value. `step` (training): the optimizer step, for elastic-k's
+    `schedule`; elastic-k draws come from `rng` (`moejax.elastic`)."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
     x_BxLxD = self.embed(tokens_BxL)
     if rng is None and not train:
       rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
     routers = {}
+    call = remat.block_call(self.cfg.remat, k=k, k2=k2, train=train)
+    k_MxBxL = self._train_k(train, rng, step, B, L)
     for i, block in enumerate(self.layers):
       layer_rng = None if rng is None else jax.random.fold_in(rng, i)
-      scale = None
+      scale = train_k = None
       if routed_scale_M is not None and block.is_moe:
         scale = routed_scale_M[len(routers)]
-      x_BxLxD, out = block(
-        x_BxLxD, positions_BxL, k=k, k2=k2, train=train, rng=layer_rng, routed_scale=scale
-      )
+      if k_MxBxL is not None and block.is_moe:
+        train_k = k_MxBxL[len(routers)]
+      x_BxLxD, out = call(block, x_BxLxD, positions_BxL, layer_rng, scale, train_k)
       if out is not None:
         routers[i] = out
-    h_BxLxD = self.final_norm(x_BxLxD).astype(jnp.float32)
+    cdt = jnp.dtype(self.cfg.dtype)
+    h_BxLxD = self.final_norm(x_BxLxD).astype(cdt)
     if self.lm_head is None:
-      logits_BxLxV = jnp.einsum("bld,vd->blv", h_BxLxD, self.embed.embedding[...])
+      emb_VxD = self.embed.embedding[...].astype(cdt)
+      logits_BxLxV = jnp.einsum(
+        "bld,vd->blv", h_BxLxD, emb_VxD, preferred_element_type=jnp.float32
+      )
     else:
       logits_BxLxV = self.lm_head(h_BxLxD)
     return logits_BxLxV, routers
+
+  def _train_k(self, train: bool, rng, step, B: int, L: int) -> jax.Array | None:
+    """Elastic-k: experts used per MoE layer and token in this training forward."""
+    moe = self.cfg.moe
+    if not (train and moe is not None and moe.elastic.active):
+      return None
+    n_moe = sum(is_moe_layer(self.cfg, i) for i in range(self.cfg.n_layers))
+    k_MxT = elastic.draw(moe.elastic, moe.top_k, rng, step, n_moe, B * L)
+    return k_MxT.reshape(n_moe, B, L)

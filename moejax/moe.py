@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax import dispatch as dsp
-from moejax import plans, routing
+from moejax import elastic, plans, routing
 from moejax.errors import UserError, check_choice
 from moejax.layers import DTYPES, DenseFFN, init_normal
 
@@ -37,6 +37,7 @@ class Diagnostics(NamedTuple):
   shared_coef: jax.Array  # mean c(x)
   routed_out_rms: jax.Array  # rms of Σ r_i Expert_i(x)
   router_entropy: jax.Array
+  mean_k: jax.Array  # experts used per token (K, the eval k, or elastic training's mean)
 
 
 class EvalDiagnostics(NamedTuple):
@@ -82,6 +83,12 @@ class MoEConfig:
   dtype: str = "float32"
   init_std: float = 0.02
   expert_init_std: float = 0.0  # routed experts' init std; 0: init_std
+  # elastic-k training (moejax.elastic): the k a token uses in a training step
+  train_k: str = "fixed"
+  train_k_min: int = 1
+  train_k_scope: str = "layer"
+  train_k2: str = "k"
+  train_k_schedule: str = ""  # "step:k,step:k" for train_k="schedule"
 
   def __post_init__(self):
     for name in ("d_model", "n_experts", "d_expert", "block_size"):
@@ -114,10 +121,18 @@ class MoEConfig:
     )
     if self.second_expert == "random" and self.top_k < 2:
       raise UserError("moe.second_expert='random' needs top_k >= 2")
+    elastic.validate(self.elastic, self.top_k)
 
   @property
   def merge_rule(self) -> routing.MergeRule:
     return routing.get_rule(self.rule)
+
+  @property
+  def elastic(self) -> elastic.ElasticK:
+    schedule = elastic.parse_schedule(self.train_k_schedule) if self.train_k_schedule else ()
+    return elastic.ElasticK(
+      self.train_k, self.train_k_min, self.train_k_scope, self.train_k2, schedule
+    )
 
 
 class Router(nnx.Module):
@@ -172,9 +187,14 @@ class MoEBlock(nnx.Module):
     train: bool = False,
     rng: jax.Array | None = None,
     routed_scale: jax.Array | None = None,
+    train_k: jax.Array | None = None,
   ) -> tuple[jax.Array, RouterOut]:
     """Returns (y, RouterOut) with y shaped like x. `rng` drives the router jitter and the
     random second expert in training; at eval the latter uses a fixed seed when rng is None.
+
+    `train_k` (training, elastic-k): int32 experts used per token, broadcastable to x's
+    leading shape; ranks >= k get weight 0, leave the dispatch plan and are not counted by
+    the balance loss or the loads (`RouterOut.experts` holds E for them).
 
     `routed_scale` (eval, the k-grid's `sqrt`/`gain` cells): a scalar multiplying the routed
     output Σ r_i·Expert_i(x), not the shared expert."""
@@ -183,6 +203,8 @@ class MoEBlock(nnx.Module):
     x_TxD = x.reshape(-1, D)
     T, E, K = x_TxD.shape[0], cfg.n_experts, cfg.top_k
     k = K if k is None else k
+    if k2 is None and not train and cfg.train_k2 == "K":
+      k2 = K  # native = what it trained with: the top-K mass at every k1 (moejax.elastic)
     if rng is None and not train:
       rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
     rng_jitter, rng_second = jax.random.split(rng) if rng is not None else (None, None)
@@ -192,12 +214,17 @@ class MoEBlock(nnx.Module):
       xr_TxD = routing.jitter(xr_TxD, cfg.jitter_eps, rng_jitter)
     logits_TxE = xr_TxD @ self.router.kernel[...]
     ro = routing.route(logits_TxE, rule, k, k2=k2, bias_E=self.router.bias[...], train_k=K)
+    used_TxK, k_T = None, None
+    if train and train_k is not None:
+      k_T = jnp.broadcast_to(train_k, lead).reshape(T).astype(jnp.int32)
+      used_TxK = jnp.arange(K)[None, :] < k_T[:, None]
+      ro = ro._replace(weights_TxK=routing.elastic_weights(ro, rule, k_T, cfg.train_k2))
 
     keep_TxK = None
     if self._random_second(train) and rng_second is not None and k >= 2:
       keep_TxK = plans.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
-    routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK)
+    routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK, used_TxK)
     if routed_scale is not None:
       routed_TxD = routed_TxD * jnp.asarray(routed_scale, routed_TxD.dtype)
     y_TxD, coef_T = routed_TxD, jnp.zeros((T,), jnp.float32)
@@ -210,7 +237,11 @@ class MoEBlock(nnx.Module):
       y_TxD = y_TxD + (coef_T[:, None] * shared_TxD).astype(y_TxD.dtype)
 
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
-    diag = diagnostics(probs_TxE, ro.experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T)
+    experts_TxK = ro.experts_TxK if used_TxK is None else jnp.where(used_TxK, ro.experts_TxK, E)
+    diag = diagnostics(probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T)
+    if used_TxK is not None:  # the k's used, and drops among the assignments used
+      drops = ((used_TxK & ~kept_TxK).sum() / used_TxK.sum()).astype(jnp.float32)
+      diag = diag._replace(mean_k=k_T.mean(dtype=jnp.float32), drop_fraction=drops)
     eval_diag = None
     if not train:
       masses = routing.score_masses(ro, rule, k, K, k2, self.router.bias[...])
@@ -219,7 +250,7 @@ class MoEBlock(nnx.Module):
     out = RouterOut(
       logits_TxE.reshape(*lead, E),
       probs_TxE.reshape(*lead, E),
-      ro.experts_TxK.reshape(*lead, k),
+      experts_TxK.reshape(*lead, k),
       diag,
       eval_diag,
     )
@@ -231,15 +262,20 @@ class MoEBlock(nnx.Module):
     cfg = self.cfg
     return cfg.second_expert == "random" and (train or cfg.eval_second_expert == "same")
 
-  def _routed(self, x_TxD, ro: routing.Routing, k: int, train: bool, keep_TxK):
-    """Σ r_i·Expert_i(x) by the configured dispatch; returns (routed_TxD, kept_TxK)."""
+  def _routed(self, x_TxD, ro: routing.Routing, k: int, train: bool, keep_TxK, used_TxK=None):
+    """Σ r_i·Expert_i(x) by the configured dispatch; returns (routed_TxD, kept_TxK).
+    Assignments outside `used_TxK` (elastic-k) are left out of the plan."""
     cfg, T, E = self.cfg, x_TxD.shape[0], self.cfg.n_experts
     ex = self.experts.weights()
     if cfg.dispatch == "dropless":
       w_TxK = ro.weights_TxK if keep_TxK is None else ro.weights_TxK * keep_TxK
-      y_TxD = dsp.dropless(x_TxD, ro.experts_TxK, w_TxK, ex, impl=cfg.impl, block=cfg.block_size)
+      y_TxD = dsp.dropless(
+        x_TxD, ro.experts_TxK, w_TxK, ex, impl=cfg.impl, block=cfg.block_size, used_TxK=used_TxK
+      )
       kept_TxK = jnp.ones(ro.experts_TxK.shape, bool) if keep_TxK is None else keep_TxK
       return y_TxD, kept_TxK
+    if used_TxK is not None:
+      keep_TxK = used_TxK if keep_TxK is None else keep_TxK & used_TxK
     G = cfg.group_size or T
     factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
     cap = plans.capacity(factor, k, G, E, cfg.min_capacity)
@@ -269,4 +305,5 @@ def diagnostics(probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_
     shared_coef=coef_T.mean(),
     routed_out_rms=jnp.sqrt(jnp.mean(routed32**2)),
     router_entropy=entropy_T.mean(),
+    mean_k=jnp.asarray(experts_TxK.shape[-1], jnp.float32),
   )

@@ -89,26 +89,35 @@ def sort_by_expert(e_A: jax.Array, n_experts: int) -> tuple[jax.Array, jax.Array
 
 
 def dropless_plan(
-  experts_TxK: jax.Array, n_experts: int, sizes: tuple[int, ...]
+  experts_TxK: jax.Array,
+  n_experts: int,
+  sizes: tuple[int, ...],
+  used_TxK: jax.Array | None = None,
 ) -> tuple[Plan, list[Blocks], jax.Array]:
   """Sorts assignments by expert, pads each expert's run to a multiple of `sizes[-1]` and
   covers it greedily with blocks of the given sizes (each a multiple of the next).
 
   Returns the plan, one `Blocks` per size and the per-expert counts. The buffer has a
   static R = roundup(A + E·(small−1), small) rows, the worst case over all routings.
+  Assignments outside `used_TxK` sort after every expert (as expert E), are not counted
+  and map to the dropped sentinel row.
   """
   T, K = experts_TxK.shape
   A, E, small = T * K, n_experts, sizes[-1]
   e_A = jnp.asarray(experts_TxK).reshape(A)
-  order_A, e_sorted_A = sort_by_expert(e_A, E)
-  counts_E = jnp.bincount(e_A, length=E)
+  used_A = None if used_TxK is None else used_TxK.reshape(A)
+  if used_A is not None:
+    e_A = jnp.where(used_A, e_A, E)
+  order_A, e_sorted_A = sort_by_expert(e_A, E + (used_A is not None))
+  counts_E = jnp.bincount(e_A, length=E)  # the unused (E) fall outside and are not counted
   padded_E = (counts_E + small - 1) // small * small
   start_E = jnp.cumsum(padded_E) - padded_E
   rank_A = jnp.arange(A) - (jnp.cumsum(counts_E) - counts_E)[e_sorted_A]
   row_sorted_A = (start_E[e_sorted_A] + rank_A).astype(jnp.int32)
   row_of_A = jnp.zeros((A,), jnp.int32).at[order_A].set(row_sorted_A)
   n_rows = -(-(A + E * (small - 1)) // small) * small
-  plan = _finish_plan(row_of_A, jnp.ones((A,), bool), n_rows, K)
+  kept_A = jnp.ones((A,), bool) if used_A is None else used_A
+  plan = _finish_plan(row_of_A, kept_A, n_rows, K)
 
   blocks, offset_E, prev = [], jnp.zeros_like(counts_E), None
   for size in sizes:

@@ -308,3 +308,28 @@ def jitter(x: jax.Array, eps: float, rng: jax.Array) -> jax.Array:
   """Switch-style multiplicative router-input jitter: x · U(1 − eps, 1 + eps)."""
   noise = jax.random.uniform(rng, x.shape, jnp.float32, 1.0 - eps, 1.0 + eps)
   return x * noise.astype(x.dtype)
+
+
+def elastic_weights(ro: Routing, rule: MergeRule, k_T: jax.Array, train_k2: str) -> jax.Array:
+  """r_i when token t uses only its first k_T[t] of the K selected experts (elastic-k
+  training, `moejax.elastic`); ranks >= k_T get 0.
+
+  `train_k2="k"`: the rule's own normalization over the used experts (sum, lp, or none);
+  `"K"`: p_i = s_i / Σ of s over the K selected experts, which is the top-K mass in
+  selection order (for `norm=none` too). α and the kplus1 factor use the trained K."""
+  K = ro.experts_TxK.shape[-1]
+  s_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, axis=-1)
+  used_TxK = jnp.arange(K)[None, :] < k_T[:, None]
+  s_used_TxK = jnp.where(used_TxK, s_TxK, 0.0)
+  if train_k2 == "K":
+    denom_T = s_TxK.sum(-1)
+  elif rule.norm == "sum":
+    denom_T = s_used_TxK.sum(-1)
+  elif rule.norm == "lp":
+    denom_T = (s_used_TxK**rule.lp).sum(-1) ** (1.0 / rule.lp)
+  else:
+    denom_T = jnp.ones(s_TxK.shape[:-1], jnp.float32)
+  alpha = float(K) if rule.scale == "k" else float(rule.scale)
+  if rule.shared == "kplus1":
+    alpha *= K / (K + 1.0)
+  return (alpha * s_used_TxK / denom_T[:, None]).astype(jnp.float32)

@@ -113,10 +113,12 @@ def forward_loss(
   lc: LossConfig,
   f_LxE: jax.Array | None = None,
   train: bool = True,
+  step: jax.Array | None = None,
 ):
-  """Total loss and its parts for one micro-batch; also per-layer assignment `Loads`."""
+  """Total loss and its parts for one micro-batch; also per-layer assignment `Loads`.
+  `step`: the optimizer step (elastic-k's `schedule`)."""
   model = nnx.merge(graphdef, params, router)
-  logits_BxLxV, routers = model(tokens_BxL1[:, :-1], train=train, rng=rng)
+  logits_BxLxV, routers = model(tokens_BxL1[:, :-1], train=train, rng=rng, step=step)
   lm_loss, _ = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
   metrics = {"lm_loss": lm_loss}
   loss = lm_loss
@@ -135,19 +137,21 @@ def _micro(tokens_BxL1: jax.Array, n: int) -> jax.Array:
   return tokens_BxL1.reshape(B // n, n, *tokens_BxL1.shape[1:]).swapaxes(0, 1)
 
 
-def global_fractions(graphdef, params, router, tokens_BxL1, lc: LossConfig, rng) -> jax.Array:
+def global_fractions(
+  graphdef, params, router, tokens_BxL1, lc: LossConfig, rng, step=None
+) -> jax.Array:
   """f_i over the whole batch (all accumulation steps) in the configured convention, from a
   forward-only pass."""
 
   def body(total, xs):
     toks, key = xs
-    _, (_, loads) = forward_loss(graphdef, params, router, toks, key, lc)
+    _, (_, loads) = forward_loss(graphdef, params, router, toks, key, lc, step=step)
     return total + loads.balance_LxE, None
 
   micro = _micro(tokens_BxL1, lc.grad_accum)
   keys = jax.random.split(rng, lc.grad_accum)
   _, (_, loads0) = jax.eval_shape(
-    lambda: forward_loss(graphdef, params, router, micro[0], keys[0], lc)
+    lambda: forward_loss(graphdef, params, router, micro[0], keys[0], lc, step=step)
   )
   total, _ = jax.lax.scan(body, jnp.zeros(loads0.balance_LxE.shape, jnp.float32), (micro, keys))
   n_tokens = tokens_BxL1.shape[0] * (tokens_BxL1.shape[1] - 1)
@@ -163,12 +167,15 @@ def make_train_step(
     params, router = state["params"], state["router"]
     f_LxE = None
     if lc.balance_granularity == "global_batch" and lc.grad_accum > 1:
-      f_LxE = global_fractions(graphdef, params, router, tokens_BxL1, lc, rng)
+      f_LxE = global_fractions(graphdef, params, router, tokens_BxL1, lc, rng, state["step"])
     grad_fn = jax.value_and_grad(forward_loss, argnums=1, has_aux=True)
+    step = state["step"]
 
     def body(acc, xs):
       toks, key = xs
-      (_, (metrics, loads)), grads = grad_fn(graphdef, params, router, toks, key, lc, f_LxE)
+      (_, (metrics, loads)), grads = grad_fn(
+        graphdef, params, router, toks, key, lc, f_LxE, True, step
+      )
       return jax.tree.map(jnp.add, acc, (grads, metrics, loads)), None
 
     micro = _micro(tokens_BxL1, lc.grad_accum)
@@ -176,7 +183,10 @@ def make_train_step(
     zeros = jax.tree.map(
       jnp.zeros_like,
       jax.eval_shape(
-        lambda: (params,) + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE)[0][1]
+        lambda: (
+          (params,)
+          + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE, True, step)[0][1]
+        )
       ),
     )
     (grads, metrics, loads), _ = jax.lax.scan(body, zeros, (micro, keys))
