@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from launch import commands, status
+from launch import commands, cores, status
 from launch.spec import RunSpec, Sweep
 
 REFRESH_S = 2.0
@@ -31,6 +31,7 @@ class Job:
   state: str = "queued"  # queued, training, grid, done, skipped, failed
   proc: subprocess.Popen | None = None
   first_seen: tuple[float, int] | None = None  # (time, step) for the ETA
+  cores: tuple | None = None  # CPUs this job's commands are pinned to (--cores-per-run)
 
   @property
   def log(self) -> str:
@@ -65,7 +66,12 @@ def _start_next(job: Job) -> None:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
     job.proc = subprocess.Popen(
-      argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+      argv,
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      stdin=subprocess.DEVNULL,
+      start_new_session=True,
+      preexec_fn=cores.preexec(job.cores),
     )
   job.state = "training" if "moejax.train" in argv else "grid"
 
@@ -115,14 +121,15 @@ def _eta(job: Job, prog: status.Progress) -> str:
 
 
 def render(jobs: list[Job]) -> str:
-  """The table: run, state, step, held-out loss, ETA."""
-  rows = [("run", "state", "step", "held-out loss", "ETA")]
+  """The table: run, state, step, held-out loss, ETA, and the cores of a pinned job."""
+  rows = [("run", "state", "step", "held-out loss", "ETA", "cores")]
   for job in jobs:
     prog = status.progress(job.workdir)
     loss = f"{prog.eval_loss:.4f}" if prog.eval_loss is not None else "-"
     steps = f"{prog.step}/{prog.steps}" if prog.steps else "-"
-    rows.append((job.run.name, job.state, steps, loss, _eta(job, prog)))
-  widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    pinned = ",".join(map(str, job.cores)) if job.cores and job.proc else ""
+    rows.append((job.run.name, job.state, steps, loss, _eta(job, prog), pinned))
+  widths = [max(len(r[i]) for r in rows) for i in range(6)]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
@@ -138,18 +145,26 @@ def _show(jobs: list[Job], out, last: str) -> str:
   return states
 
 
-def run(sweep: Sweep, jobs: list[Job], parallel: int, out=sys.stdout) -> list[Job]:
-  """Runs the jobs, `parallel` at a time; returns the failed ones."""
+def run(
+  sweep: Sweep, jobs: list[Job], parallel: int, out=sys.stdout, cores_per_run: int = 0
+) -> list[Job]:
+  """Runs the jobs, `parallel` at a time, each pinned to its own `cores_per_run` CPUs when
+  that is > 0; returns the failed ones."""
+  pool = cores.Pool(cores.groups(cores_per_run, parallel))
   last = ""
   try:
     while True:
       active = [j for j in jobs if j.proc is not None]
       for job in active:
         _advance(job, sweep.results)
+        if job.proc is None:  # finished or failed: its cores go back
+          pool.give(job.cores)
+          job.cores = None
       for job in [j for j in jobs if j.state == "queued"]:
         if sum(j.proc is not None for j in jobs) >= parallel:
           break
         if job.todo:
+          job.cores = pool.take()
           _start_next(job)
         else:  # trained and gridded, only the results copy was missing
           _finish_without_commands(job, sweep.results)

@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from launch import local, sky, spec
+from launch import cores, local, sky, spec
 from moejax.errors import UserError
 
 
@@ -20,6 +20,12 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("sweep_file", help="experiments/<name>/sweep.py defining get_sweep()")
   p.add_argument("--backend", choices=("local", "sky"), required=True)
   p.add_argument("--parallel", type=int, default=1, help="local: runs at a time")
+  p.add_argument(
+    "--cores-per-run",
+    type=int,
+    default=0,
+    help="local: pin each running run to its own N cores (0: no pinning)",
+  )
   p.add_argument("--only", default="", help="comma-separated run names (default: all)")
   p.add_argument("--dry-run", action="store_true", help="write/print commands, run nothing")
   p.add_argument("--root", default="", help="runs root: a folder, or gs://bucket/... for sky")
@@ -32,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
 def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
   if args.parallel < 1:
     raise UserError(f"--parallel {args.parallel} is not allowed; use an int >= 1")
+  cores.groups(args.cores_per_run, args.parallel)  # refuses a request this machine can't pin
   jobs = local.plan(sweep, runs, args.root or "runs")
   if args.dry_run:
     for job in jobs:
@@ -39,7 +46,7 @@ def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
       for argv in job.todo:
         print(shlex.join(argv))
     return 0
-  failed = local.run(sweep, jobs, args.parallel)
+  failed = local.run(sweep, jobs, args.parallel, cores_per_run=args.cores_per_run)
   if failed:
     print(f"error: {len(failed)} run(s) failed:", file=sys.stderr)
     for job in failed:
