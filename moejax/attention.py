@@ -19,8 +19,6 @@ softmax are float32 whatever the input dtype, and the output has the inputs' dty
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
@@ -66,9 +64,9 @@ def splash_block(seq_len: int) -> int:
   )
 
 
-@functools.lru_cache(maxsize=16)
 def _splash_kernel(n_heads: int, seq_len: int, interpret: bool):
-  """One causal splash kernel per (heads, length), causal mask on every head."""
+  """A causal splash kernel for (heads, length), built at each trace: its mask tables are
+  arrays of that trace (a cached kernel would leak them into the next)."""
   b = splash_block(seq_len)
   mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((seq_len, seq_len))] * n_heads)
   sizes = splash.BlockSizes(
@@ -107,14 +105,12 @@ def _batch_axes(mesh, batch: int) -> tuple[str, ...]:
   return axes if axes and batch % n == 0 else ()
 
 
-def splash_attention(
-  q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array
-) -> jax.Array:
+def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array) -> jax.Array:
   """Causal GQA through the splash kernel (q pre-scaled by K^-1/2: the kernel does not
   scale). A Pallas call is opaque to GSPMD, so under a context mesh (`jax.set_mesh`) it
   runs per device in a `shard_map` over the batch axes; without one it sees the whole
   batch."""
-  B, L, H, K = q_BxLxHxK.shape
+  B, L, _, K = q_BxLxHxK.shape
   splash_block(L)
   q = jnp.swapaxes(q_BxLxHxK * jnp.asarray(K**-0.5, q_BxLxHxK.dtype), 1, 2)
   k, v = jnp.swapaxes(k_BxLxGxK, 1, 2), jnp.swapaxes(v_BxLxGxK, 1, 2)

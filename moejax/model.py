@@ -236,9 +236,7 @@ class Transformer(nnx.Module):
     h_BxLxD = self.final_norm(x_BxLxD).astype(cdt)
     if self.lm_head is None:
       emb_VxD = self.embed.embedding[...].astype(cdt)
-      logits_BxLxV = jnp.einsum(
-        "bld,vd->blv", h_BxLxD, emb_VxD, preferred_element_type=jnp.float32
-      )
+      logits_BxLxV = jnp.einsum("bld,vd->blv", h_BxLxD, emb_VxD, preferred_element_type=jnp.float32)
     else:
       logits_BxLxV = self.lm_head(h_BxLxD)
     return logits_BxLxV, routers

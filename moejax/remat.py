@@ -14,7 +14,7 @@ does per decoder layer (`remat_policy` in its base.yml; its decoders' `get_remat
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 from flax import nnx

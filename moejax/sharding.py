@@ -1,8 +1,9 @@
 """Device mesh and placements: data parallel over (data, fsdp), experts over `expert`.
 
 Parameters are placed by a simple rule and left to GSPMD: stacked expert weights shard
-their expert axis over `expert`, other matrices their first axis over `fsdp`; the batch
-shards over data × fsdp. Collectives are inserted by XLA.
+their expert axis over `expert` and their d_model axis over `fsdp`, other matrices their
+first axis over `fsdp`; the batch shards over data × fsdp. Optimizer moments follow their
+parameters. Collectives are inserted by XLA.
 """
 
 from __future__ import annotations
@@ -42,11 +43,32 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(("data", "fsdp")))
 
 
+# The d_model axis of each stacked expert weight: w_gate, w_up [E, D, F]; w_down [E, F, D].
+EXPERT_D_AXIS = {"w_gate": 1, "w_up": 1, "w_down": 2}
+
+
+def _expert_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """E over `expert`, and d_model over `fsdp` (the other matrix axis if D does not divide).
+
+  MaxText's rule for the same weights (logical axes `exp, embed_no_exp, mlp`, with
+  `embed_no_exp` on fsdp): E stays whole on `expert`, so expert and fsdp shard two
+  different axes and compose (E/expert × D/fsdp per device), and the axis the dispatch
+  indexes per expert (`w[e]` in the block loop, ragged_dot's group axis) is never split
+  over fsdp. GSPMD all-gathers D for compute as for every FSDP matrix."""
+  spec = ["expert", None, None]
+  d = EXPERT_D_AXIS.get(name, 1)
+  for axis in (d, 3 - d):
+    if shape[axis] % mesh.shape["fsdp"] == 0:
+      spec[axis] = "fsdp"
+      break
+  return P(*spec)
+
+
 def _spec(path, leaf, mesh: Mesh) -> P:
   shape = getattr(leaf, "shape", ())
   names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
   if "experts" in names and len(shape) == 3 and shape[0] % mesh.shape["expert"] == 0:
-    return P("expert")
+    return _expert_spec(next((n for n in names if n in EXPERT_D_AXIS), ""), shape, mesh)
   if len(shape) >= 2 and shape[0] % mesh.shape["fsdp"] == 0:
     return P("fsdp")
   return P()
