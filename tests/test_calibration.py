@@ -80,6 +80,18 @@ def test_sweep_expands_to_the_stated_runs():
     "token": {("qwen3_moe", 0), ("olmoe", 0)},
     "fixed_k2": both,
   }
+  # F (issue 19): both core rules at d_model 64 and 256, seeds 0 and 1; 4x steps at seed 0.
+  widths = sorted(
+    (r.factors["d_model"], r.factors["rule"], r.factors["seed"])
+    for r in by_factor["F"]
+    if r.factors["steps"] == steps
+  )
+  assert widths == sorted(
+    (d, rule, s) for d in (64, 256) for rule in ("qwen3_moe", "olmoe") for s in (0, 1)
+  )
+  long = [r for r in by_factor["F"] if r.factors["steps"] == 4 * steps]
+  assert sorted(r.factors["rule"] for r in long) == ["olmoe", "qwen3_moe"]
+  assert all(r.grid_steps == (steps, 2 * steps, 3 * steps) for r in long)
 
 
 @pytest.mark.parametrize("factor", ["A", "B"])
@@ -223,7 +235,7 @@ def test_report_repeats_h1_and_h2_for_each_factor_d_variant(report):
 def test_tpu_sweep_mirrors_the_runs_at_checkpoints_that_exist():
   tpu_file = importlib.import_module("sweep_tpu")
   cpu, tpu = sweep_file.get_sweep().runs, tpu_file.get_sweep().runs
-  assert [r.name for r in tpu] == [r.name for r in cpu]
+  assert [r.name for r in tpu] == [r.name for r in cpu if r.factors["factor"] != "F"]
   c = study_config.get_config("tpu")
   for r in tpu:
     assert r.config.endswith(":tpu") and r.compute == "tpu" and r.overrides["data.paths"]

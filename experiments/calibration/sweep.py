@@ -104,10 +104,52 @@ def factor_e() -> list[RunSpec]:
   ]
 
 
+# Factor F: does the effect grow with scale? The core pair at d_model 64 and 256 (d_expert
+# = d_model / 4, heads = d_model / 32, KV heads half of that, d_ff = 4 d_model; d_model 128
+# is factor A), and 4x the steps at d_model 128 (checkpoints at 25/50/75/100%).
+LONG = 4 * STEPS
+
+
+def width(d: int) -> dict:
+  heads = d // 32
+  return {
+    "model.d_model": d,
+    "model.n_heads": heads,
+    "model.n_kv_heads": max(heads // 2, 1),
+    "model.d_ff": 4 * d,
+    "model.moe.d_expert": d // 4,
+  }
+
+
+def factor_f() -> list[RunSpec]:
+  runs = [
+    RunSpec(
+      name=f"f-d{d}-{rule}-s{seed}",
+      config=CONFIG,
+      overrides={**width(d), "model.moe.rule": rule, "train.seed": seed},
+      factors={"factor": "F", "d_model": d, "steps": STEPS, "rule": rule, "seed": seed},
+    )
+    for d in (64, 256)
+    for seed in (0, 1)
+    for rule in CORE_RULES
+  ]
+  long = {"train.steps": LONG, "train.ckpt_every": LONG // 4, "train.eval_every": LONG // 4}
+  return runs + [
+    RunSpec(
+      name=f"f-long-{rule}-s0",
+      config=CONFIG,
+      overrides={**long, "model.moe.rule": rule, "train.seed": 0},
+      factors={"factor": "F", "d_model": 128, "steps": LONG, "rule": rule, "seed": 0},
+      grid_steps=(LONG // 4, LONG // 2, 3 * LONG // 4),
+    )
+    for rule in CORE_RULES
+  ]
+
+
 def get_sweep() -> Sweep:
   return Sweep(
     name="calibration",
-    runs=factor_a() + factor_b() + factor_d() + factor_e(),
+    runs=factor_a() + factor_b() + factor_d() + factor_e() + factor_f(),
     results="experiments/calibration/runs",
     compute={"tpu": {"accelerators": "tpu-v5e-16", "use_spot": True}},
   )
