@@ -6,6 +6,11 @@ leaves by path; `format_worksheet` renders it as text. The trainer stores `to_di
 `resolved.worksheet` in config.json and the wandb config.
 
     python -m moejax.describe --config configs/full/mixtral.py [--config.a.b=v] [--json]
+    python -m moejax.describe --config C --topology v5e:4x4     # TPU: compiled, sized
+    python -m moejax.describe --config C --devices 8 --hbm 80   # GPUs: state exact, rest estimated
+
+`--topology` / `--devices` add the fit table (`format_fit`): the train step compiled ahead
+of time for the target by `moejax.aot`, its per-device bytes and whether they fit the HBM.
 
 Counting convention: every `nnx.Param` leaf is counted once, in exactly one group (an
 unknown path is an error, so nothing goes uncounted). "Active" is what one token reads at
@@ -27,7 +32,8 @@ import ml_collections
 from flax import nnx
 
 from moejax import config as config_lib
-from moejax import dispatch, routing, sharding
+from moejax import dispatch, plans, routing, sharding
+from moejax.errors import UserError
 from moejax.model import ModelConfig, Transformer, is_moe_layer
 
 ARCHITECTURE = "decoder-only Transformer: pre-norm RMSNorm, RoPE, SwiGLU, no biases"
@@ -223,17 +229,25 @@ def describe_shared(moe, rule: routing.MergeRule) -> str:
   return f"one SwiGLU of width {moe.d_shared}{n}; {_SHARED.get(rule.shared, rule.shared)}"
 
 
+def describe_kernel(moe) -> str:
+  """The expert kernel: for `auto`, the one each platform gets (dispatch.AUTO)."""
+  if moe.impl != "auto":
+    return f"impl {moe.impl} ({dispatch.KERNELS[moe.impl].description})"
+  per = ", ".join(f"{p} {k}" for p, k in dispatch.AUTO[moe.dispatch].items())
+  return f"impl auto: {per}"
+
+
 def describe_dispatch(c: ml_collections.ConfigDict, moe) -> str:
   if moe.dispatch == "dropless":
-    return f"dropless: every assignment computed, none dropped (impl {moe.impl})"
+    return f"dropless: every assignment computed, none dropped; {describe_kernel(moe)}"
   G = moe.group_size or c.data.batch_size * c.data.seq_len // c.train.grad_accum
-  cap = dispatch.capacity(moe.capacity_factor, moe.top_k, G, moe.n_experts, moe.min_capacity)
+  cap = plans.capacity(moe.capacity_factor, moe.top_k, G, moe.n_experts, moe.min_capacity)
   where = f"{moe.group_size} tokens" if moe.group_size else f"the local batch ({G} on 1 device)"
   return (
     f"capacity C = max({moe.min_capacity}, ceil({moe.capacity_factor:g} k G / E)) per group G "
     f"= {where}: C = {cap}; eval factor {moe.eval_capacity_factor:g}; overflow: assignments "
     f"past C are dropped (the token keeps its residual), priority {moe.drop_policy}; second "
-    f"expert {moe.second_expert}"
+    f"expert {moe.second_expert}; {describe_kernel(moe)}"
   )
 
 
@@ -334,6 +348,81 @@ def nominal_vocab(c: ml_collections.ConfigDict) -> tuple[int, str]:
   return c.data.bpe_vocab_size, "vocab: data.bpe_vocab_size, an upper bound for a trained BPE"
 
 
+def _gib(n: int) -> str:
+  """Bytes as GiB, or MiB below 1 GiB."""
+  return f"{n / 2**30:9.2f} GiB" if n >= 2**30 else f"{n / 2**20:9.2f} MiB"
+
+
+def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
+  """Per-device bytes of the compiled train step on a target (a `moejax.aot.Footprint`),
+  and whether they fit its HBM; `grid`: the k-grid forward's bytes on one device."""
+  t = fp.target
+  sizes = sharding.mesh_shape(c.mesh, t.n_devices)
+  mesh = ", ".join(f"{a} {n}" for a, n in zip(sharding.AXES, sizes))
+  compiled = t.platform == "tpu" and not fp.refused
+  how = "TPU compiler: memory_analysis()"
+  if fp.refused:
+    how = "TPU compiler's RESOURCE_EXHAUSTED (in 0.01 GiB)"
+  if fp.estimate:
+    share = c.data.batch_size // math.prod(sizes[:2])
+    how = f"ESTIMATE: CPU compile of one device's {share} rows"
+  rows = [
+    ("parameters", fp.params, "exact, from the shardings"),
+    ("optimizer state", fp.opt_state, "exact, from the shardings"),
+    ("router state", fp.router, "exact, from the shardings"),
+    ("batch", fp.batch, "exact, from the shardings"),
+    ("arguments", fp.arguments, "state, batch and rng" + (" (compiler)" if compiled else "")),
+    ("outputs", fp.outputs - fp.aliased, "beyond those written into donated arguments"),
+    ("temporaries", fp.temporaries, how),
+    ("code", fp.code, "generated code" if t.platform == "tpu" else "not counted"),
+    ("total", fp.total, "arguments + outputs + temporaries + code"),
+  ]
+  lines = [
+    (
+      f"fit: {t.name} ({t.n_devices} devices, {t.hbm_bytes / 2**30:.2f} GiB usable HBM each: "
+      f"{t.hbm_source})"
+    ),
+    f"  train step per device: impl {fp.impl}, mesh {mesh}, grad_accum {c.train.grad_accum},",
+    f"  batch {c.data.batch_size} x {c.data.seq_len} tokens, dtype {c.model.dtype}",
+  ]
+  lines += [f"    {name:<16}{_gib(n)}  {note}" for name, n, note in rows]
+  if grid is not None:
+    lines.append(
+      f"    {'k-grid forward':<16}{_gib(grid.temp_size_in_bytes)}  temporaries on one device, "
+      f"eval.batch_size {c.eval.batch_size}, beside {_gib(grid.argument_size_in_bytes).strip()}"
+    )
+  verdict = "fits" if fp.fits else "DOES NOT FIT"
+  label = " (estimate)" if fp.estimate else ""
+  lines.append(
+    f"  {verdict}{label}: {fp.total / 2**30:.2f} GiB of {t.hbm_bytes / 2**30:.2f} GiB per device"
+  )
+  return "\n".join(lines)
+
+
+def fit(c: ml_collections.ConfigDict, topology: str, devices: int, hbm_gib: float) -> str:
+  """The fit table of `c` on a TPU topology, or on `devices` GPUs of `hbm_gib` each."""
+  from moejax import aot  # pylint: disable=import-outside-toplevel  (aot imports trainer)
+
+  if topology and devices:
+    raise UserError("--topology and --devices exclude each other; give one target")
+  if devices and not hbm_gib:
+    raise UserError("--devices needs --hbm, the GPU memory in GiB (e.g. --hbm 80)")
+  target = aot.tpu_target(topology) if topology else aot.gpu_target(devices, hbm_gib)
+  fp = aot.footprint(c, target, "--config")
+  grid = None
+  if target.platform == "tpu" and c.model.moe_every > 0:
+    grid = _grid_memory(aot, c, target)
+  return format_fit(fp, c, grid)
+
+
+def _grid_memory(aot, c, target):
+  """The grid forward's memory_analysis, or None when it does not compile on one device."""
+  try:
+    return aot.grid_forward(c, target).memory_analysis()
+  except Exception:  # noqa: BLE001  (an OOM on one chip: reported as absent)
+    return None
+
+
 def main(argv: list[str]) -> int:
   from absl import flags  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
@@ -342,6 +431,11 @@ def main(argv: list[str]) -> int:
 
   config = config_flags.DEFINE_config_file("config", None, "A get_config() file (configs/*.py).")
   as_json = flags.DEFINE_bool("json", False, "Print the worksheet as JSON (config.json's form).")
+  topology = flags.DEFINE_string(
+    "topology", "", "TPU topology to compile the train step for, e.g. v5e:4x4 (needs libtpu)."
+  )
+  devices = flags.DEFINE_integer("devices", 0, "GPUs to size the train step for (with --hbm).")
+  hbm = flags.DEFINE_float("hbm", 0.0, "Memory per GPU in GiB, with --devices (e.g. 80).")
   cli.parse_flags(argv, config)
   if config.value is None:
     cli.fail("--config is required, e.g. --config configs/full/mixtral.py")
@@ -356,6 +450,8 @@ def main(argv: list[str]) -> int:
     print(format_worksheet(ws, cli.config_path(argv) or ""))
     if note:
       print(note)
+  if topology.value or devices.value:
+    print(fit(config.value, topology.value, devices.value, hbm.value))
   return 0
 
 

@@ -18,9 +18,15 @@ from moejax.errors import UserError
 AXES = ("data", "fsdp", "expert")
 
 
-def make_mesh(m: ml_collections.ConfigDict) -> Mesh:
-  """Mesh of shape (data, fsdp, expert); `mesh.data=-1` takes the remaining devices."""
-  n = jax.device_count()
+def make_mesh(m: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """Mesh of shape (data, fsdp, expert) over `devices` (default `jax.devices()`; moejax.aot
+  passes a TPU topology's compile-only devices)."""
+  devices = jax.devices() if devices is None else list(devices)
+  return Mesh(np.asarray(devices).reshape(mesh_shape(m, len(devices))), AXES)
+
+
+def mesh_shape(m: ml_collections.ConfigDict, n: int) -> tuple[int, int, int]:
+  """(data, fsdp, expert) for `n` devices; `mesh.data=-1` takes the remaining devices."""
   for axis in ("fsdp", "expert"):
     if m[axis] < 1:
       raise UserError(f"mesh.{axis}={m[axis]} is not allowed; use an int >= 1")
@@ -30,8 +36,7 @@ def make_mesh(m: ml_collections.ConfigDict) -> Mesh:
       f"mesh.data×mesh.fsdp×mesh.expert={m.data}×{m.fsdp}×{m.expert} must equal "
       f"the {n} devices (mesh.data=-1 fills in)"
     )
-  devices = np.asarray(jax.devices()).reshape(data, m.fsdp, m.expert)
-  return Mesh(devices, AXES)
+  return data, m.fsdp, m.expert
 
 
 def data_shards(mesh: Mesh) -> int:
