@@ -27,6 +27,8 @@ from moejax.errors import UserError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_PIN = ">=0.10.2,<0.12"
 COORDINATOR_PORT = 8476
+PYTHON = "3.11"  # the task's own interpreter (setup_script); the VM image's may be older
+VENV = "~/moejax-venv"
 VALIDATE = """
 import json, sys
 import sky
@@ -92,15 +94,26 @@ def is_tpu(compute: Compute) -> bool:
 
 
 def setup_script(compute: Compute) -> str:
-  jax = f"jax[tpu]{JAX_PIN}" if is_tpu(compute) else f"jax[cuda12]{JAX_PIN}"
-  # the cloud extra brings gcsfs, so run I/O (etils.epath) and orbax reach gs:// workdirs
-  return f"set -e\npip install -U pip\npip install -e '.[cloud]' {shlex.quote(jax)}\n"
+  """A Python >= 3.11 environment of its own (uv fetches the interpreter): Cloud TPU VM
+  images are Ubuntu 22.04, whose Python 3.10 moejax and jax 0.10 do not support. The cloud
+  extra brings gcsfs, so run I/O (etils.epath) and orbax reach gs:// workdirs; the tpu
+  extra is jax[tpu] at moejax's jax pin."""
+  extras = "cloud,tpu" if is_tpu(compute) else "cloud"
+  jax = "" if is_tpu(compute) else " " + shlex.quote(f"jax[cuda12]{JAX_PIN}")
+  return (
+    "set -e\n"
+    "command -v uv || curl -LsSf https://astral.sh/uv/install.sh | sh\n"
+    'export PATH="$HOME/.local/bin:$HOME/.cargo/bin:$PATH"\n'
+    f"uv venv --python {PYTHON} --allow-existing {VENV}\n"
+    f". {VENV}/bin/activate\n"
+    f"uv pip install -e '.[{extras}]'{jax}\n"
+  )
 
 
 def run_script(sweep: Sweep, run: RunSpec, workdir: str, compute: Compute) -> str:
   """Train then grid; on multi-node GPU clusters JAX's multi-controller variables are set
   from SkyPilot's node list (TPU hosts are detected by JAX itself)."""
-  lines = ["set -e"]
+  lines = ["set -e", f". {VENV}/bin/activate"]
   if compute.num_nodes > 1 and not is_tpu(compute):
     lines += [
       f'export JAX_COORDINATOR_ADDRESS="$(echo "$SKYPILOT_NODE_IPS" | head -n1):{COORDINATOR_PORT}"',

@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from launch import cores, local, sky, spec
+from launch import cores, local, precheck, sky, spec
 from moejax.errors import UserError
 
 
@@ -62,6 +62,10 @@ def run_sky(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
   exe = sky.find_sky()
   folder = args.out or os.path.join("runs", "launch", sweep.name)
   argvs = sky.write(folder, sweep, runs, args.root, args.accelerators, args.use_spot, exe)
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the checks compile; no local device needed
+  precheck.check_runs(
+    sweep, runs, lambda r: sky.compute_for(sweep, r, args.accelerators, args.use_spot)
+  )
   if args.dry_run:
     for task in sky.validate(exe, [a[-1] for a in argvs]):
       print(

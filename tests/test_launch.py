@@ -199,51 +199,133 @@ def _sky_available() -> bool:
     return False
 
 
-def test_sky_dry_run_yaml_passes_skypilots_parser(mini, tmp_path):
-  if not _sky_available():
-    pytest.skip("no SkyPilot env (.sky-venv); .ci/run builds it")
-  s = spec.load(mini[0])
-  env = {**ENV, "WANDB_API_KEY": "key-value-never-written"}
-  out = _launch(mini[0], "--backend", "sky", "--dry-run", "--root", "gs://bkt/runs",
-                "--out", str(tmp_path), env=env)  # fmt: skip
-  assert out.returncode == 0, out.stderr
-  assert len(re.findall(r"^valid: .*\.yaml", out.stdout, re.MULTILINE)) == 4
-  assert "tpu-v5e-16" in out.stdout and "Spot" in out.stdout
-  for run in s.runs:
-    task = yaml.safe_load(_read(tmp_path / f"{run.name}.yaml"))
-    workdir = f"gs://bkt/runs/mini/{run.name}"
-    assert shlex.join(commands.train_argv(s, run, workdir)) in task["run"].splitlines()
-    assert f"python -m moejax.evaluate --workdir {workdir}" in task["run"]
-  gpu = yaml.safe_load(_read(tmp_path / "bad.yaml"))
-  assert gpu["num_nodes"] == 2 and "JAX_PROCESS_ID" in gpu["run"] and "cuda" in gpu["setup"]
-  tpu = yaml.safe_load(_read(tmp_path / "mixtral-0.yaml"))
-  assert tpu["resources"]["use_spot"] is True and "JAX_PROCESS_ID" not in tpu["run"]
-  lines = _read(tmp_path / "commands.sh")
-  assert lines.count("jobs launch") == 4 and "--secret WANDB_API_KEY" in lines
-  assert not any("key-value-never" in _read(tmp_path / f) for f in os.listdir(tmp_path))
-  bad = tmp_path / "broken.yaml"
-  bad.write_text(_read(tmp_path / "mixtral-0.yaml").replace("use_spot:", "no_such_key:"))
-  with pytest.raises(UserError, match="SkyPilot rejected"):
-    sky.validate(sky.find_sky(), [str(bad)])
+SKY_SWEEP_FILE = """
+from launch.spec import RunSpec, Sweep
+TINY = {tiny!r}
+def run(name, compute, extra=None):
+  extra = extra or {{}}
+  return RunSpec(name=name, config="configs/quickstart.py",
+                 overrides={{**TINY, "data.batch_size": 16, **extra}},
+                 factors={{"seed": extra.get("train.seed", 0)}}, compute=compute)
+def get_sweep():
+  return Sweep(name="skymini", runs=[
+    run("tpu-0", "tpu"), run("tpu-1", "tpu", {{"train.seed": 1}}), run("gpu", "gpu"),
+    run("bad", "gpu", {{"model.nope": 1}}),
+    run("nodata", "tpu", {{"data.corpus": "files", "data.paths": "gs://YOUR_BUCKET/c/*.jsonl"}}),
+    run("huge", "tpu", {{"data.seq_len": 32768, "model.moe.impl": "ragged"}}),
+  ], compute={{"tpu": {{"accelerators": "tpu-v5e-16", "use_spot": True}},
+              "gpu": {{"accelerators": "H100:8", "num_nodes": 2}}}})
+"""  # batch 16: one row per device of the 16-chip slice and of the 16 GPUs
 
 
-def test_sky_launch_submits_every_run_to_the_sky_on_path(mini, tmp_path):
-  record = tmp_path / "calls.jsonl"
+@pytest.fixture(scope="module")
+def sky_mini(tmp_path_factory):
+  path = tmp_path_factory.mktemp("skysweep") / "sweep.py"
+  path.write_text(SKY_SWEEP_FILE.format(tiny=TINY))
+  return str(path)
+
+
+def _fake_sky(tmp_path, record) -> dict:
+  """An env whose `sky` records its arguments (and the wandb key it was given)."""
   fake = tmp_path / "bin" / "sky"
-  fake.parent.mkdir()
+  fake.parent.mkdir(exist_ok=True)
   fake.write_text(
     f"#!{sys.executable}\nimport json, os, sys\n"
     f"open({str(record)!r}, 'a').write(json.dumps([sys.argv[1:], os.environ.get('WANDB_API_KEY')]) + '\\n')\n"
   )  # fmt: skip
   fake.chmod(0o755)
-  env = {**ENV, "PATH": f"{fake.parent}:{os.environ['PATH']}", "MOEJAX_SKY": "sky",
-         "WANDB_API_KEY": "k123"}  # fmt: skip
-  out = _launch(mini[0], "--backend", "sky", "--root", "gs://bkt/runs", "--only", "mixtral-0,bad",
+  return {**ENV, "PATH": f"{fake.parent}:{os.environ['PATH']}", "MOEJAX_SKY": "sky",
+          "WANDB_API_KEY": "k123"}  # fmt: skip
+
+
+def _libtpu() -> bool:
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+
+  return aot.libtpu_available() or bool(os.environ.get("MOEJAX_REQUIRE_TPU"))
+
+
+def test_sky_dry_run_yaml_passes_skypilots_parser(sky_mini, tmp_path):
+  if not _sky_available():
+    pytest.skip("no SkyPilot env (.sky-venv); .ci/run builds it")
+  s = spec.load(sky_mini)
+  env = {**ENV, "WANDB_API_KEY": "key-value-never-written"}
+  out = _launch(sky_mini, "--backend", "sky", "--dry-run", "--root", "gs://bkt/runs",
+                "--only", "tpu-0,tpu-1,gpu", "--out", str(tmp_path), env=env)  # fmt: skip
+  assert out.returncode == 0, out.stderr
+  assert len(re.findall(r"^valid: .*\.yaml", out.stdout, re.MULTILINE)) == 3
+  assert "tpu-v5e-16" in out.stdout and "Spot" in out.stdout
+  checked = dict(re.findall(r"^checked: ([\w-]+): (.*)$", out.stdout, re.MULTILINE))
+  assert checked["gpu"].startswith("lowers for cuda on 16 GPUs")
+  if _libtpu():  # the two seeds are one program, compiled once for the v5e-16 slice
+    assert checked["tpu-0"].startswith("fits v5e:4x4: ") and checked["tpu-1"] == checked["tpu-0"]
+  for run in s.runs[:3]:
+    task = yaml.safe_load(_read(tmp_path / f"{run.name}.yaml"))
+    workdir = f"gs://bkt/runs/skymini/{run.name}"
+    assert shlex.join(commands.train_argv(s, run, workdir)) in task["run"].splitlines()
+    assert f"python -m moejax.evaluate --workdir {workdir}" in task["run"]
+  gpu = yaml.safe_load(_read(tmp_path / "gpu.yaml"))
+  assert gpu["num_nodes"] == 2 and "JAX_PROCESS_ID" in gpu["run"] and "cuda" in gpu["setup"]
+  tpu = yaml.safe_load(_read(tmp_path / "tpu-0.yaml"))
+  assert tpu["resources"]["use_spot"] is True and "JAX_PROCESS_ID" not in tpu["run"]
+  lines = _read(tmp_path / "commands.sh")
+  assert lines.count("jobs launch") == 3 and "--secret WANDB_API_KEY" in lines
+  assert not any("key-value-never" in _read(tmp_path / f) for f in os.listdir(tmp_path))
+  bad = tmp_path / "broken.yaml"
+  bad.write_text(_read(tmp_path / "tpu-0.yaml").replace("use_spot:", "no_such_key:"))
+  with pytest.raises(UserError, match="SkyPilot rejected"):
+    sky.validate(sky.find_sky(), [str(bad)])
+
+
+def test_sky_task_makes_its_own_python_311_environment():
+  """Cloud TPU VM images are Ubuntu 22.04 (Python 3.10): setup must not use the image's."""
+  s = spec.Sweep("x", [spec.RunSpec("r", "configs/quickstart.py", {}, {})])
+  for accelerators, extras in (("tpu-v5e-16", ".[cloud,tpu]"), ("H100:8", ".[cloud]")):
+    task = yaml.safe_load(
+      yaml.dump(sky.task(s, s.runs[0], "gs://b/r", sky.Compute(accelerators)), Dumper=sky._Dumper)
+    )
+    setup = task["setup"].splitlines()
+    venv = next(line for line in setup if line.startswith("uv venv "))
+    assert "--python 3.11" in venv and venv.endswith(sky.VENV)
+    install = next(line for line in setup if line.startswith("uv pip install "))
+    assert setup.index(f". {sky.VENV}/bin/activate") < setup.index(install)
+    assert f"-e '{extras}'" in install and not any(line.startswith("pip ") for line in setup)
+    run = task["run"].splitlines()
+    assert run.index(f". {sky.VENV}/bin/activate") < next(
+      i for i, line in enumerate(run) if "moejax.train" in line
+    )
+
+
+def test_sky_refuses_placeholders_bad_configs_and_runs_that_do_not_fit(sky_mini, tmp_path):
+  env = _fake_sky(tmp_path, tmp_path / "calls.jsonl")
+  common = ("--backend", "sky", "--dry-run", "--root", "gs://bkt/runs", "--out", str(tmp_path))
+  expected = {
+    "nodata": "error: run nodata: data.paths='gs://YOUR_BUCKET/c/*.jsonl' still holds the "
+    "placeholder 'YOUR_BUCKET'",
+    "bad": "error: run bad: override model.nope=1 is not allowed",
+  }
+  if _libtpu():
+    expected["huge"] = "error: run huge: the train step needs "
+  for name, start in expected.items():
+    out = _launch(sky_mini, *common, "--only", name, env=env)
+    assert out.returncode == 2 and out.stderr.startswith(start), (name, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1 and "Trace" not in out.stderr
+  assert "over the 15.75 GiB HBM" in out.stderr or not _libtpu()
+  real = {k: v for k, v in env.items() if k != "MOEJAX_CALIBRATION_DATA"}
+  out = _launch("experiments/calibration/sweep_tpu.py", *common, env=real)
+  assert out.returncode == 2 and "placeholder 'YOUR_BUCKET'" in out.stderr, out.stderr
+  assert re.match(r"error: run [a-z0-9_-]+: data\.paths=", out.stderr)
+  assert not (tmp_path / "calls.jsonl").exists()  # nothing was launched
+
+
+def test_sky_launch_submits_every_run_to_the_sky_on_path(sky_mini, tmp_path):
+  record = tmp_path / "calls.jsonl"
+  env = _fake_sky(tmp_path, record)
+  out = _launch(sky_mini, "--backend", "sky", "--root", "gs://bkt/runs", "--only", "tpu-0,gpu",
                 "--out", str(tmp_path / "yaml"), "--use-spot", env=env)  # fmt: skip
   assert out.returncode == 0, out.stderr
   calls = [json.loads(line) for line in _read(record).splitlines()]
   assert [c[0][:6] for c in calls] == [
-    ["jobs", "launch", "-y", "-d", "-n", name] for name in ("mini-mixtral-0", "mini-bad")
+    ["jobs", "launch", "-y", "-d", "-n", name] for name in ("skymini-tpu-0", "skymini-gpu")
   ]
   assert all(c[1] == "k123" and c[0][6:8] == ["--secret", "WANDB_API_KEY"] for c in calls)
   assert yaml.safe_load(_read(calls[1][0][-1]))["resources"]["use_spot"] is True  # --use-spot
