@@ -12,11 +12,13 @@ export for `("cuda",)` from a CPU machine carries the GPU choice.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from moejax import blocked, fused, megablox, plans, ragged
 from moejax.errors import UserError, check_choice
@@ -37,6 +39,7 @@ class Kernel(NamedTuple):
   modes: tuple[str, ...]  # dispatch modes it serves
   contiguous: bool  # rows contiguous per expert (counts_E), not padded to blocks
   description: str
+  per_device: bool = False  # opaque to GSPMD (a Mosaic kernel): run in a shard_map
 
 
 KERNELS: dict[str, Kernel] = {
@@ -61,6 +64,7 @@ KERNELS: dict[str, Kernel] = {
     ("dropless",),
     True,
     "Pallas TPU grouped matmul gmm/tgmm (MaxText's default); interpret mode elsewhere",
+    per_device=True,
   ),
 }
 IMPLS = ("auto", *KERNELS)
@@ -104,7 +108,42 @@ def _dropless_with(name: str, block: int) -> Callable:
     args = plans.KernelArgs(x_TxD, plan, blocks, sizes, counts_E, weights_TxK, ex)
     return kernel.run(args)
 
-  return run
+  return _per_device(run) if kernel.per_device else run
+
+
+def batch_axes(n_tokens: int) -> tuple[str, ...]:
+  """The context mesh's data-parallel axes (moejax.sharding: data, fsdp) that split the
+  tokens, or () without a context mesh (`sharding.tracing_mesh`) or when they do not."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return ()
+  axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1)
+  n = math.prod(mesh.shape[a] for a in axes)
+  return axes if axes and n_tokens % n == 0 else ()
+
+
+def _per_device(run: Callable) -> Callable:
+  """`run` on each device's own tokens (plan included), in a shard_map over the batch axes:
+  a Mosaic kernel cannot be partitioned by GSPMD. Expert weights enter whole (P(): XLA
+  gathers an FSDP-sharded weight first), as in MaxText's sparse matmul without expert
+  parallelism."""
+
+  def sharded(x_TxD, experts_TxK, weights_TxK, ex, used_TxK):
+    axes = batch_axes(x_TxD.shape[0])
+    if not axes:
+      return run(x_TxD, experts_TxK, weights_TxK, ex, used_TxK)
+    rows, whole = P(axes), P()
+    in_specs = (rows, rows, rows, jax.tree.map(lambda _: whole, ex), None)
+    if used_TxK is None:
+      fn = lambda x, e, w, W: run(x, e, w, W, None)
+      in_specs = in_specs[:4]
+      args = (x_TxD, experts_TxK, weights_TxK, ex)
+    else:
+      fn, in_specs = run, in_specs[:4] + (rows,)
+      args = (x_TxD, experts_TxK, weights_TxK, ex, used_TxK)
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=rows, check_vma=False)(*args)
+
+  return sharded
 
 
 def dropless(

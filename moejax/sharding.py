@@ -84,3 +84,14 @@ def state_sharding(state, mesh: Mesh):
   return jax.tree_util.tree_map_with_path(
     lambda path, leaf: NamedSharding(mesh, _spec(path, leaf, mesh)), state
   )
+
+
+def tracing_mesh(fn, mesh: Mesh):
+  """`fn` traced under `mesh` as the context (abstract) mesh, so kernels that GSPMD cannot
+  partition (Mosaic: megablox, splash attention) find the batch axes for their shard_map."""
+
+  def traced(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args)
+
+  return traced

@@ -67,3 +67,52 @@ def test_ragged_train_step_exported_for_cuda_holds_ragged_dot():
 def test_default_train_step_exported_for_tpu_runs_the_megablox_kernel():
   text = _exported("auto", "tpu")
   assert "tpu_custom_call" in text and RAGGED_OP not in text
+
+
+MEGABLOX_MESH_SCRIPT = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from moejax import dispatch as dsp, sharding
+mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 1), ("data", "fsdp", "expert"))
+r = np.random.default_rng(0)
+T, D, F, E, K = 64, 16, 8, 4, 2
+x = jnp.asarray(r.normal(size=(T, D)), jnp.float32)
+e = jnp.asarray(np.argsort(-r.normal(size=(T, E)), -1)[:, :K], jnp.int32)
+w = jnp.asarray(r.uniform(0.1, 1, size=(T, K)), jnp.float32)
+W = dsp.ExpertWeights(*(jnp.asarray(r.normal(size=s) * 0.3, jnp.float32)
+                        for s in [(E, D, F), (E, D, F), (E, F, D)]))
+f = lambda x, e, w, W: dsp.dropless(x, e, w, W, impl="megablox")
+want = jax.jit(f)(x, e, w, W)
+rows = NamedSharding(mesh, P(("data", "fsdp")))
+xs, es, ws = (jax.device_put(a, rows) for a in (x, e, w))
+traced = sharding.tracing_mesh(f, mesh)
+got = jax.jit(traced)(xs, es, ws, W)
+print("RESULTS " + json.dumps({
+  "shard_map": "shard_map" in str(jax.make_jaxpr(traced)(xs, es, ws, W)),
+  "max_diff": float(jnp.abs(got - want).max()),
+}))
+"""
+
+
+def test_megablox_runs_per_device_in_a_shard_map_under_the_tracing_mesh(tmp_path):
+  """A Mosaic kernel cannot be partitioned by GSPMD: under the trainer's tracing mesh the
+  megablox kernel plans and runs each device's own tokens (4 host devices, 2 x 2 data x
+  fsdp), with the single-device result."""
+  import json
+  import os
+  import subprocess
+  import sys
+
+  script = tmp_path / "megablox_mesh.py"
+  script.write_text(MEGABLOX_MESH_SCRIPT)
+  flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+    [sys.executable, str(script)], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
+  r = json.loads(line[len("RESULTS ") :])
+  assert r["shard_map"] and r["max_diff"] < 1e-5
