@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from moejax.errors import UserError
 
