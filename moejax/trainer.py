@@ -131,9 +131,12 @@ def compile_steps(run: Run):
     c.train.on_nonfinite,
   )
   train_step = jax.jit(
-    step_fn, donate_argnums=0, out_shardings=(sharding.state_sharding(run.state, run.mesh), None)
+    sharding.tracing_mesh(step_fn, run.mesh),
+    donate_argnums=0,
+    out_shardings=(sharding.state_sharding(run.state, run.mesh), None),
   )
-  return train_step, jax.jit(step_lib.make_eval_step(run.graphdef))
+  eval_step = sharding.tracing_mesh(step_lib.make_eval_step(run.graphdef), run.mesh)
+  return train_step, jax.jit(eval_step)
 
 
 def heldout_loss(run: Run, eval_step, state, n_sequences: int) -> float:
