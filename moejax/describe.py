@@ -349,8 +349,11 @@ def nominal_vocab(c: ml_collections.ConfigDict) -> tuple[int, str]:
 
 
 def _gib(n: int) -> str:
-  """Bytes as GiB, or MiB below 1 GiB."""
-  return f"{n / 2**30:9.2f} GiB" if n >= 2**30 else f"{n / 2**20:9.2f} MiB"
+  """Bytes as GiB, MiB below 1 GiB, KiB below 1 MiB."""
+  for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+    if n >= size:
+      return f"{n / size:9.2f} {unit}"
+  return f"{n / 2**10:9.2f} KiB"
 
 
 def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
