@@ -16,9 +16,10 @@ import ml_collections
 from ml_collections import config_dict
 
 from moejax import data as data_lib
-from moejax import routing
+from moejax import routing, runio
 from moejax import step as step_lib
 from moejax.errors import UserError, check_choice
+from moejax.kgrid import cells
 from moejax.model import ModelConfig
 from moejax.moe import MoEConfig
 
@@ -295,8 +296,6 @@ def _check_eval_ks(c: ml_collections.ConfigDict) -> None:
   """eval.k1/eval.k2 parse now, not after training."""
   if not (c.eval.k1 or c.eval.k2) or c.model.moe_every == 0:
     return
-  from moejax.kgrid import cells  # pylint: disable=import-outside-toplevel
-
   K, E = c.model.moe.top_k, c.model.moe.n_experts
   try:
     k1s = cells.parse_k1(c.eval.k1, K, E)
@@ -381,8 +380,6 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
 
 def read_saved(workdir: str) -> dict | None:
   """The raw `DIR/config.json` of an earlier run, or None when there is none."""
-  from moejax import runio  # pylint: disable=import-outside-toplevel
-
   path = runio.path(workdir, "config.json")
   if not path.exists():
     return None

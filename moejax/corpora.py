@@ -10,12 +10,12 @@ import os
 import platform
 import random
 import sysconfig
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
+
+from array_record.python.array_record_module import ArrayRecordReader
 
 from moejax.errors import UserError, check_choice
 
-CORPORA = ("stdlib", "synthetic", "files")
-FORMATS = ("auto", "text", "jsonl", "arrayrecord")
 TEXT_DOCS = ("file", "paragraph")
 STDLIB_EXCLUDE = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 
@@ -258,8 +258,6 @@ def read_jsonl(path: str, key: str = "text") -> list[str]:
 
 def read_arrayrecord(path: str) -> list[str]:
   """One doc per record; records are UTF-8 text bytes."""
-  from array_record.python.array_record_module import ArrayRecordReader
-
   _check_readable(path)
   try:
     reader = ArrayRecordReader(path)
@@ -269,6 +267,22 @@ def read_arrayrecord(path: str) -> list[str]:
     why = (str(e).splitlines() or [type(e).__name__])[0][:120]
     raise UserError(f"{path}: not a readable ArrayRecord file ({why})") from None
   return [d for i, r in enumerate(records) if (d := _decode(r, f"{path}:record {i}"))]
+
+
+class FileOptions(NamedTuple):
+  """The data.* keys a file reader may use."""
+
+  jsonl_key: str = "text"
+  text_docs: str = "file"
+
+
+# data.format values (besides `auto`, which picks one by extension): format -> reader.
+READERS: dict[str, Callable[[str, FileOptions], list[str]]] = {
+  "text": lambda path, opts: read_text(path, opts.text_docs),
+  "jsonl": lambda path, opts: read_jsonl(path, opts.jsonl_key),
+  "arrayrecord": lambda path, opts: read_arrayrecord(path),
+}
+FORMATS = ("auto", *READERS)
 
 
 def load_files(
@@ -281,15 +295,11 @@ def load_files(
   """Docs from user files, in `data.paths` order; every file must yield at least one doc."""
   check_choice("data.text_docs", text_docs, TEXT_DOCS)
   files = expand_paths(paths)
+  opts = FileOptions(jsonl_key, text_docs)
   docs: list[str] = []
   for path in files:
     kind = file_format(path, fmt)
-    if kind == "jsonl":
-      got = read_jsonl(path, jsonl_key)
-    elif kind == "arrayrecord":
-      got = read_arrayrecord(path)
-    else:
-      got = read_text(path, text_docs)
+    got = READERS[kind](path, opts)
     if not got:
       raise UserError(f"{path}: empty, no documents (read as {kind})")
     docs.extend(got)
@@ -299,23 +309,40 @@ def load_files(
   return docs, _info("files", [""] * len(docs), docs, ",".join(files))
 
 
+class Corpus(NamedTuple):
+  """A `data.corpus` choice: `load(data_cfg, max_docs)` -> (docs, info), and `paths(data_cfg)`,
+  the files it reads as recorded with the held-out data ("" for a built-in corpus)."""
+
+  load: Callable[[Any, int], tuple[list[str], CorpusInfo]]
+  paths: Callable[[Any], str] = lambda data_cfg: ""
+
+
+def _files_corpus(d: Any, max_docs: int) -> tuple[list[str], CorpusInfo]:
+  """`load_files` with the data.* keys of the `files` corpus."""
+  return load_files(d["paths"], d["format"], d["jsonl_key"], d["text_docs"], max_docs)
+
+
+# data.corpus values: adding a corpus is one entry here.
+CORPORA: dict[str, Corpus] = {
+  "stdlib": Corpus(lambda data_cfg, max_docs: load_stdlib(max_docs)),
+  "synthetic": Corpus(
+    lambda d, max_docs: load_synthetic(d["synthetic_docs"], d["synthetic_seed"], max_docs)
+  ),
+  "files": Corpus(_files_corpus, paths=lambda data_cfg: data_cfg.get("paths", "")),
+}
+
+
 def load_corpus(data_cfg: Any) -> tuple[list[str], CorpusInfo]:
   """The docs of `data.corpus` in deterministic order, capped at `data.max_docs` (0 = all)."""
   corpus, max_docs = data_cfg["corpus"], data_cfg["max_docs"]
   if isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 0:
     raise UserError(f"data.max_docs={max_docs!r}: must be an integer >= 0 (0 = all)")
-  if corpus == "stdlib":
-    return load_stdlib(max_docs)
-  if corpus == "synthetic":
-    n_docs, seed = data_cfg["synthetic_docs"], data_cfg["synthetic_seed"]
-    return load_synthetic(n_docs, seed, max_docs)
-  if corpus == "files":
-    return load_files(
-      data_cfg["paths"],
-      data_cfg["format"],
-      data_cfg["jsonl_key"],
-      data_cfg["text_docs"],
-      max_docs,
-    )
   check_choice("data.corpus", corpus, CORPORA)
-  raise AssertionError(corpus)
+  return CORPORA[corpus].load(data_cfg, max_docs)
+
+
+def corpus_paths(data_cfg: Any) -> str:
+  """The files `data.corpus` reads, as recorded with the held-out data ("" for a built-in
+  corpus, or one this version does not know)."""
+  corpus = CORPORA.get(data_cfg["corpus"])
+  return corpus.paths(data_cfg) if corpus else ""

@@ -8,13 +8,17 @@ import logging
 from typing import Any, Sequence
 
 import grain
+import ml_collections
 import numpy as np
 
+from moejax import distributed, tokenizer
 from moejax.corpora import CORPORA, FORMATS, TEXT_DOCS, CorpusInfo, load_corpus
+from moejax.distributed import Shard
 from moejax.errors import UserError, check_choice
-from moejax.tokenizer import TOKENIZERS, Tokenizer, build_tokenizer
+from moejax.tokenizer import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
+ONE_SHARD = Shard()  # a single process loads every row
 
 DEFAULTS: dict[str, Any] = {
   "corpus": "stdlib",
@@ -36,8 +40,6 @@ DEFAULTS: dict[str, Any] = {
 
 def complete(data_cfg: Any) -> Any:
   """`data_cfg` over DEFAULTS (the one place data.* defaults live): a full ConfigDict."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-
   values = dict(DEFAULTS)
   for key, value in dict(data_cfg).items():
     if key not in DEFAULTS:
@@ -65,9 +67,7 @@ def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
   check_choice("data.corpus", data_cfg["corpus"], CORPORA)
   check_choice("data.format", data_cfg["format"], FORMATS)
   check_choice("data.text_docs", data_cfg["text_docs"], TEXT_DOCS)
-  tok = data_cfg["tokenizer"]
-  if not (isinstance(tok, str) and tok.startswith("hf:") and len(tok) > 3):  # hf:PATH
-    check_choice("data.tokenizer", tok, TOKENIZERS)
+  tokenizer.check_spec(data_cfg["tokenizer"])
   return batch_size, seq_len, float(frac), split_seed
 
 
@@ -118,20 +118,12 @@ def _shuffle_seed(seed: int) -> int:
   return int.from_bytes(digest[:4], "little") >> 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Shard:
-  """Which rows of every global batch a process loads: block `index` of `count` equal blocks."""
-
-  index: int = 0
-  count: int = 1
-
-
 class TrainIterator:
   """Endless shuffled batches {"tokens": int32 [batch_size/count, seq_len+1]}: this shard's
   rows of each global batch, so the shards of all processes concatenate to the one-process
   batch. The state (global batches consumed) is JSON-able and the same on every shard."""
 
-  def __init__(self, windows_NxL: np.ndarray, batch_size: int, seed: int, shard: Shard = Shard()):
+  def __init__(self, windows_NxL: np.ndarray, batch_size: int, seed: int, shard: Shard = ONE_SHARD):
     """Shuffle windows with `seed` (reshuffled every epoch), repeat forever, batch; batches of
     batch_size/count rows, every count-th from `index`, are this shard's global-batch rows."""
     n, width = windows_NxL.shape
@@ -192,7 +184,7 @@ class Data:
   n_train_docs: int = 0
   n_heldout_docs: int = 0
 
-  def train_iterator(self, shard: Shard = Shard()) -> TrainIterator:
+  def train_iterator(self, shard: Shard = ONE_SHARD) -> TrainIterator:
     """A fresh iterator at the start of the seeded order, yielding `shard`'s rows."""
     return TrainIterator(self.train_windows, self.batch_size, self.seed, shard)
 
@@ -242,7 +234,14 @@ def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
   held_N = heldout_mask(docs, frac, split_seed)
   train_docs = [d for d, h in zip(docs, held_N) if not h]
   held_docs = [d for d, h in zip(docs, held_N) if h]
-  tok = build_tokenizer(data_cfg, train_docs, info.sha256, workdir)
+  tok = build_tokenizer(
+    data_cfg,
+    train_docs,
+    info.sha256,
+    workdir,
+    is_main=distributed.is_main,
+    barrier=distributed.barrier,
+  )
   train_T = pack(tok.encode_batch(train_docs), tok.eos_id)
   held_T = pack(tok.encode_batch(held_docs), tok.eos_id)
   train_w = windows(train_T, seq_len)
@@ -270,6 +269,4 @@ def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
 
 def default_config() -> Any:
   """An ml_collections ConfigDict holding every data.* key with its default."""
-  import ml_collections
-
   return ml_collections.ConfigDict(dict(DEFAULTS))

@@ -11,13 +11,14 @@ Everything else here is a no-op on a single process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
-from moejax.data import Shard
 from moejax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,14 @@ log = logging.getLogger(__name__)
 ENV_ADDRESS, ENV_COUNT, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 CPU_COLLECTIVES = "gloo"
 _started = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """Which rows of every global batch a process loads: block `index` of `count` equal blocks."""
+
+  index: int = 0
+  count: int = 1
 
 
 def _env_int(name: str, lo: int, hi: int | None = None) -> int:
@@ -93,8 +102,6 @@ def is_main() -> bool:
 def barrier(name: str) -> None:
   """All processes wait here (no-op on one process)."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-
     multihost_utils.sync_global_devices(name)
 
 
@@ -120,7 +127,7 @@ def process_rows(batch_sharding: jax.sharding.Sharding, global_rows: int) -> tup
 
 
 def process_shard(batch_sharding: jax.sharding.Sharding, global_rows: int) -> Shard:
-  """The data shard this process loads: `process_rows` as a `data.Shard`."""
+  """The data shard this process loads: `process_rows` as a `Shard`."""
   return Shard(*process_rows(batch_sharding, global_rows))
 
 

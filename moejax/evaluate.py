@@ -39,7 +39,7 @@ def main() -> int:
 
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
-  from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
+  from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
 
   run_grid(
     _WORKDIR.value,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -38,10 +38,26 @@ class Cadence:
     return step % self.every == 0 or step == self.last
 
 
+class LoopConfig(NamedTuple):
+  """The loop's cadences and non-finite policy: config `train.*`, read once."""
+
+  log_every: int
+  eval_every: int
+  ckpt_every: int
+  on_nonfinite: str  # stop | skip (moejax.nonfinite.POLICIES)
+  max_skips: int  # with skip: stop after more than this many skipped steps in a row
+
+  @classmethod
+  def from_config(cls, c) -> LoopConfig:
+    t = c.train
+    return cls(t.log_every, t.eval_every, t.ckpt_every, t.on_nonfinite, t.max_skips)
+
+
 @dataclasses.dataclass
 class LoopSetup:
   """What the loop runs: built once by the trainer."""
 
+  config: LoopConfig
   step_fn: Callable  # jitted guarded train step (state, tokens, rng) -> (state, metrics)
   evaluate: Callable[[Any], float]  # state -> held-out loss (train.eval_sequences)
   next_tokens: Callable[[], jax.Array]  # the next sharded batch
@@ -50,8 +66,6 @@ class LoopSetup:
   write_row: Callable[[dict], None]  # metrics.jsonl + wandb
   rng: jax.Array
   moe_layers: list[int]
-  policy: str  # train.on_nonfinite
-  max_skips: int
   tokens_per_step: int
   log: Callable[[str], None]
   progress: Any  # tqdm bar
@@ -70,15 +84,64 @@ class LoopResult:
 class Loop:
   """State that lives across steps: timers, skip counters, the last saved step."""
 
-  def __init__(self, s: LoopSetup, start: int, end: int, c):
+  def __init__(self, s: LoopSetup, start: int, end: int):
     self.s, self.start, self.end = s, start, end
-    self.log_c = Cadence(c.train.log_every, end)
-    self.eval_c = Cadence(c.train.eval_every, end)
-    self.ckpt_c = Cadence(c.train.ckpt_every, end)
+    self.log_c = Cadence(s.config.log_every, end)
+    self.eval_c = Cadence(s.config.eval_every, end)
+    self.ckpt_c = Cadence(s.config.ckpt_every, end)
     self.last_saved = start if start > 0 else None
     self.skips_in_row = self.skipped = 0
     self.t_last, self.step_last = time.time(), start
     self.eval_loss = None
+
+  def run(self, state, stop) -> LoopResult:
+    """Steps start+1..end. After each dispatch, the previous step's outputs if they were
+    deferred; then this step's cadences in order: the divergence check (every step), eval,
+    log, checkpoint, and the stop request. A step that neither evaluates nor checkpoints
+    is deferred: fetched once the next step is queued, so the device never waits."""
+    s, deferred = self.s, None
+    for i in range(self.start, self.end):
+      state, metrics = s.step_fn(state, s.next_tokens(), jax.random.fold_in(s.rng, i))
+      step = i + 1
+      if deferred is not None:  # the previous step's outputs, now that this one is queued
+        self.check_and_log(*deferred)
+      deferred = None
+      s.progress.update(1)
+      stopping = stop.requested(s.mngr, step)
+      evaluating, saving = self.eval_c.due(step), self.ckpt_c.due(step) or stopping
+      if not (evaluating or saving):
+        deferred = (step, metrics)
+        continue
+      logging = self.log_c.due(step) or evaluating
+      host = self.fetch(metrics, logging)
+      self.check(step, host)
+      if evaluating:
+        self.eval_loss = host["eval_loss"] = float(s.evaluate(state))
+      if logging:
+        self.emit(step, host)
+      if saving:
+        self.save(state, step)
+      if stopping:
+        s.log(f"stopped by {stop.signal_name or 'preemption'} at step {step}; checkpoint saved")
+        return LoopResult(
+          state, step, self.eval_loss, stop.signal_name or "preemption", self.skipped
+        )
+    return LoopResult(state, self.end, self.eval_loss, None, self.skipped)
+
+  def check_and_log(self, step: int, metrics: dict) -> None:
+    """A deferred step's cadences: the divergence check, then its row if the log is due."""
+    logging = self.log_c.due(step)
+    host = self.fetch(metrics, logging)
+    self.check(step, host)
+    if logging:
+      self.emit(step, host)
+
+  def fetch(self, metrics: dict, logging: bool) -> dict:
+    """Host copy of a step's outputs: every metric (as floats) on a logged step, else just
+    the non-finite flag."""
+    keys = metrics if logging else ("nonfinite",)
+    host = jax.device_get({k: metrics[k] for k in keys})
+    return {k: float(v) for k, v in host.items()} if logging else host
 
   def good_checkpoint(self) -> str:
     if self.last_saved is None:
@@ -92,26 +155,18 @@ class Loop:
       self.skips_in_row = 0
       return
     what = nonfinite.describe(flag, self.s.moe_layers)
-    if self.s.policy == "stop":
+    if self.s.config.on_nonfinite == "stop":
       raise Diverged(
         f"non-finite {what} at step {step} (train.on_nonfinite=stop); stopped, "
         f"{self.good_checkpoint()}"
       )
     self.skips_in_row += 1
     self.skipped += 1
-    if self.skips_in_row > self.s.max_skips:
+    if self.skips_in_row > self.s.config.max_skips:
       raise Diverged(
         f"non-finite {what} at step {step}: {self.skips_in_row} steps in a row skipped, > "
-        f"train.max_skips={self.s.max_skips}; stopped, {self.good_checkpoint()}"
+        f"train.max_skips={self.s.config.max_skips}; stopped, {self.good_checkpoint()}"
       )
-
-  def fetch(self, step: int, metrics: dict, evaluated: bool) -> dict | None:
-    """Host copy of a step's outputs: just the flag, or everything on a logged step."""
-    logged = self.log_c.due(step) or evaluated
-    keys = metrics if logged else ("nonfinite",)
-    host = jax.device_get({k: metrics[k] for k in keys})
-    self.check(step, host)
-    return {k: float(v) for k, v in host.items()} if logged else None
 
   def row(self, step: int, host: dict) -> dict:
     now = time.time()
@@ -127,9 +182,7 @@ class Loop:
     host.pop("skipped", None)
     return {"step": step, **host}
 
-  def emit(self, step: int, host: dict | None) -> None:
-    if host is None:
-      return
+  def emit(self, step: int, host: dict) -> None:
     row = self.row(step, host)
     self.s.write_row(row)
     self.s.progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
@@ -142,32 +195,6 @@ class Loop:
         f"saving checkpoint {self.s.mngr.directory}/{step} failed ({e}); {self.good_checkpoint()}"
       ) from None
     self.last_saved = step
-
-  def run(self, state, stop) -> LoopResult:
-    s, pending = self.s, None
-    for i in range(self.start, self.end):
-      state, metrics = s.step_fn(state, s.next_tokens(), jax.random.fold_in(s.rng, i))
-      step = i + 1
-      if pending is not None:  # the previous step's outputs, now that this one is queued
-        self.emit(pending[0], self.fetch(*pending, evaluated=False))
-      pending = None
-      s.progress.update(1)
-      stopping = stop.requested(s.mngr, step)
-      if not (self.eval_c.due(step) or self.ckpt_c.due(step) or stopping):
-        pending = (step, metrics)
-        continue
-      host = self.fetch(step, metrics, evaluated=self.eval_c.due(step))
-      if self.eval_c.due(step):
-        self.eval_loss = host["eval_loss"] = float(s.evaluate(state))
-      self.emit(step, host)
-      if self.ckpt_c.due(step) or stopping:
-        self.save(state, step)
-      if stopping:
-        s.log(f"stopped by {stop.signal_name or 'preemption'} at step {step}; checkpoint saved")
-        return LoopResult(
-          state, step, self.eval_loss, stop.signal_name or "preemption", self.skipped
-        )
-    return LoopResult(state, self.end, self.eval_loss, None, self.skipped)
 
 
 def mean_loss(loss_N: np.ndarray) -> float:

@@ -8,6 +8,7 @@ are static, so all validation runs in Python at trace time and raises `ValueErro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -16,10 +17,38 @@ import jax.numpy as jnp
 from moejax.errors import UserError, check_choice
 
 SCORES = ("softmax", "sigmoid")
-NORMS = ("none", "sum", "lp")
 SHARED = ("none", "unit", "sigmoid", "kplus1")
 GROUP_SCORES = ("max", "top2_sum")
 KEY = "model.moe"  # error messages name the config key of each rule field
+
+
+def _sum_denominator(s_TxK: jax.Array, mass: jax.Array, lp: float, keepdims: bool) -> jax.Array:
+  """Σ_S s_j: `mass`, summed by the caller (a row sum, or the selection-order cumsum)."""
+  del s_TxK, lp, keepdims
+  return mass
+
+
+def _lp_denominator(s_TxK: jax.Array, mass: jax.Array, lp: float, keepdims: bool) -> jax.Array:
+  """‖s_S‖_p = (Σ_S s_j^p)^(1/p) (DBRX's `moe_normalize_expert_weights`)."""
+  del mass
+  return (s_TxK**lp).sum(-1, keepdims=keepdims) ** (1.0 / lp)
+
+
+class Norm(NamedTuple):
+  """A `norm` choice: p_i = s_i / denominator(s_TxK, mass, lp, keepdims) over the selected
+  set S (None: p_i = s_i), and its worksheet line (moejax.describe; `{lp}` is the rule's p)."""
+
+  denominator: Callable[[jax.Array, jax.Array, float, bool], jax.Array] | None
+  worksheet: str
+
+
+# The normalizations: adding one is one entry here; `route`, `score_masses` and
+# `elastic_weights` all divide by `denominator`.
+NORMS: dict[str, Norm] = {
+  "none": Norm(None, "r_i = a s_i (no renormalization)"),
+  "sum": Norm(_sum_denominator, "r_i = a s_i / sum_S s (renormalized over the selected)"),
+  "lp": Norm(_lp_denominator, "r_i = a s_i / ||s_S||_p (p = {lp})"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +257,16 @@ def selection_cumsum(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule) -> j
   return jnp.cumsum(s_sorted_TxE, axis=-1)
 
 
+def norm_denominator(
+  rule: MergeRule, s_TxK: jax.Array, mass: jax.Array, keepdims: bool = False
+) -> jax.Array | None:
+  """The denominator of the rule's normalization (`NORMS`) over the selected scores s_TxK
+  (0 where a rank is unused), per token ([T], or [T, 1] with `keepdims`), whose sum the
+  caller passes as `mass` in that shape; None for `norm=none`."""
+  denominator = NORMS[rule.norm].denominator
+  return None if denominator is None else denominator(s_TxK, mass, rule.lp, keepdims)
+
+
 def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2) -> jax.Array:
   """Σ s_j over the top-k2 experts in selection order (`selection_cumsum`); `k2` may be a
   traced int scalar, so one compiled step serves every k2."""
@@ -242,12 +281,9 @@ def score_masses(ro: Routing, rule: MergeRule, k: int, train_k: int, k2=None, bi
   mass_k1_T, mass_K_T = cum_TxE[:, k - 1], cum_TxE[:, train_k - 1]
   if k2 is not None:
     return mass_k1_T, mass_K_T, jnp.take(cum_TxE, k2 - 1, axis=-1)
-  if rule.norm == "sum":
-    return mass_k1_T, mass_K_T, mass_k1_T
-  if rule.norm == "lp":
-    s_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, axis=-1)
-    return mass_k1_T, mass_K_T, (s_TxK**rule.lp).sum(-1) ** (1.0 / rule.lp)
-  return mass_k1_T, mass_K_T, jnp.ones_like(mass_k1_T)
+  s_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, axis=-1)
+  denom_T = norm_denominator(rule, s_TxK, mass_k1_T)
+  return mass_k1_T, mass_K_T, jnp.ones_like(mass_k1_T) if denom_T is None else denom_T
 
 
 def route(
@@ -275,13 +311,10 @@ def route(
   s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
 
   if k2 is not None:
-    p_TxK = s_TxK / k2_mass(s_TxE, key_TxE, rule, k2)[:, None]
-  elif rule.norm == "sum":
-    p_TxK = s_TxK / s_TxK.sum(-1, keepdims=True)
-  elif rule.norm == "lp":
-    p_TxK = s_TxK / (s_TxK**rule.lp).sum(-1, keepdims=True) ** (1.0 / rule.lp)
+    denom_Tx1 = k2_mass(s_TxE, key_TxE, rule, k2)[:, None]
   else:
-    p_TxK = s_TxK
+    denom_Tx1 = norm_denominator(rule, s_TxK, s_TxK.sum(-1, keepdims=True), keepdims=True)
+  p_TxK = s_TxK if denom_Tx1 is None else s_TxK / denom_Tx1
 
   alpha = float(train_k) if rule.scale == "k" else float(rule.scale)
   if rule.shared == "kplus1":
@@ -323,11 +356,9 @@ def elastic_weights(ro: Routing, rule: MergeRule, k_T: jax.Array, train_k2: str)
   s_used_TxK = jnp.where(used_TxK, s_TxK, 0.0)
   if train_k2 == "K":
     denom_T = s_TxK.sum(-1)
-  elif rule.norm == "sum":
-    denom_T = s_used_TxK.sum(-1)
-  elif rule.norm == "lp":
-    denom_T = (s_used_TxK**rule.lp).sum(-1) ** (1.0 / rule.lp)
   else:
+    denom_T = norm_denominator(rule, s_used_TxK, s_used_TxK.sum(-1))
+  if denom_T is None:
     denom_T = jnp.ones(s_TxK.shape[:-1], jnp.float32)
   alpha = float(K) if rule.scale == "k" else float(rule.scale)
   if rule.shared == "kplus1":

@@ -6,14 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from moejax import runio
-from moejax.errors import UserError
+from moejax.errors import UserError, check_choice
 
-TOKENIZERS = ("byte", "bpe", "hf:PATH")
 EOS_TOKEN = "<|eos|>"
 _BPE_CACHE_VERSION = "bpe-v1"
 
@@ -76,9 +77,7 @@ class BPETokenizer:
   @classmethod
   def train(cls, docs: Sequence[str], vocab_size: int) -> "BPETokenizer":
     """Train a ByteLevel BPE of at most `vocab_size` tokens on `docs` (EOS is id 0)."""
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = HFTokenizer(models.BPE())
+    tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -93,11 +92,9 @@ class BPETokenizer:
   @classmethod
   def load(cls, path: str) -> "BPETokenizer":
     """Load a tokenizer saved by `save` (local or gs:// path)."""
-    from tokenizers import Tokenizer as HFTokenizer
-
     text = runio.read_text(path)
     try:
-      return cls(HFTokenizer.from_str(text), path)
+      return cls(tokenizers.Tokenizer.from_str(text), path)
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
       why = (str(e).splitlines() or [type(e).__name__])[0][:120]
       msg = f"{path}: not a valid tokenizer file ({why}); delete it to retrain"
@@ -142,13 +139,11 @@ class HFTokenizer:
   name = "hf"
 
   def __init__(self, path: str):
-    from tokenizers import Tokenizer as HFTok  # pylint: disable=import-outside-toplevel
-
     path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(path):
       raise UserError(f"data.tokenizer=hf:{path}: no such tokenizer.json")
     try:
-      self._tok = HFTok.from_file(path)
+      self._tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001  (tokenizers raises a bare Exception on bad JSON)
       why = (str(e).splitlines() or [type(e).__name__])[0][:120]
       raise UserError(f"{path}: not a valid tokenizer.json ({why})") from None
@@ -208,30 +203,89 @@ def bpe_cache_key(corpus_sha: str, vocab_size: int, split: str = "") -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_tokenizer(
-  data_cfg: Any, train_docs: Sequence[str], corpus_sha: str, workdir: str | None
-) -> Tokenizer:
-  """Make `data.tokenizer`. A BPE trains on `train_docs` only and is cached in the workdir
-  as tokenizer/<hash>.json (hash of corpus sha, held-out split, vocab size). With several
-  processes, process 0 trains and writes it while the others wait, then all load it."""
-  kind = data_cfg.get("tokenizer", "byte")
-  if kind == "byte":
-    return ByteTokenizer()
-  if isinstance(kind, str) and kind.startswith("hf:"):
-    return HFTokenizer(kind[3:])
-  if kind != "bpe":
-    raise UserError(f"data.tokenizer={kind!r}: allowed values are {', '.join(TOKENIZERS)}")
+class TokenizerInputs(NamedTuple):
+  """What a tokenizer may be built from. With several processes, `is_main` (process 0)
+  trains a BPE and writes it while the others wait at `barrier(name)` (moejax.distributed's)."""
+
+  data_cfg: Any
+  train_docs: Sequence[str]
+  corpus_sha: str
+  workdir: str | None
+  is_main: Callable[[], bool]
+  barrier: Callable[[str], None]
+
+
+def build_bpe(inputs: TokenizerInputs) -> BPETokenizer:
+  """A BPE trained on the train docs only, cached in the workdir as tokenizer/<hash>.json
+  (hash of corpus sha, held-out split, vocab size): process 0 trains and writes it, then
+  every process loads it."""
+  data_cfg = inputs.data_cfg
   vocab_size = data_cfg.get("bpe_vocab_size", 1024)
   if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
     raise UserError(f"data.bpe_vocab_size={vocab_size!r}: must be an integer >= 257")
   split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
-  if workdir is None:
-    return BPETokenizer.train(train_docs, vocab_size)
-  from moejax import distributed  # pylint: disable=import-outside-toplevel  (imports jax)
-
-  name = f"{bpe_cache_key(corpus_sha, vocab_size, split)}.json"
-  path = str(runio.path(workdir, "tokenizer", name))
-  if distributed.is_main() and not runio.exists(path):
-    BPETokenizer.train(train_docs, vocab_size).save(path)
-  distributed.barrier(f"moejax-bpe-{name}")
+  if inputs.workdir is None:
+    return BPETokenizer.train(inputs.train_docs, vocab_size)
+  name = f"{bpe_cache_key(inputs.corpus_sha, vocab_size, split)}.json"
+  path = str(runio.path(inputs.workdir, "tokenizer", name))
+  if inputs.is_main() and not runio.exists(path):
+    BPETokenizer.train(inputs.train_docs, vocab_size).save(path)
+  inputs.barrier(f"moejax-bpe-{name}")
   return BPETokenizer.load(path)
+
+
+class TokenizerKind(NamedTuple):
+  """A `data.tokenizer` choice: `build(argument, inputs)`, the argument being the text after
+  `name:` for a kind that takes one (`arg` names it, e.g. PATH for `hf:PATH`)."""
+
+  build: Callable[[str, TokenizerInputs], Tokenizer]
+  arg: str = ""
+
+
+# data.tokenizer values: adding a tokenizer is one entry here.
+TOKENIZERS: dict[str, TokenizerKind] = {
+  "byte": TokenizerKind(lambda arg, inputs: ByteTokenizer()),
+  "bpe": TokenizerKind(lambda arg, inputs: build_bpe(inputs)),
+  "hf": TokenizerKind(lambda arg, inputs: HFTokenizer(arg), arg="PATH"),
+}
+CHOICES = tuple(f"{name}:{k.arg}" if k.arg else name for name, k in TOKENIZERS.items())
+
+
+def lookup(spec: Any) -> tuple[TokenizerKind, str] | None:
+  """(kind, argument) of a `data.tokenizer` value (`byte`, `hf:PATH`, ...), or None when it
+  names no kind. A kind that takes an argument needs the `name:` prefix; others refuse one."""
+  if not isinstance(spec, str):
+    return None
+  name, colon, arg = spec.partition(":")
+  kind = TOKENIZERS.get(name)
+  if kind is None or bool(colon) != bool(kind.arg):
+    return None
+  return kind, arg
+
+
+def check_spec(spec: Any) -> None:
+  """UserError `data.tokenizer=... is not allowed; use one of byte, bpe, hf:PATH` unless
+  `spec` names a kind (with a non-empty argument where the kind takes one)."""
+  found = lookup(spec)
+  if found is None or (found[0].arg and not found[1]):
+    check_choice("data.tokenizer", spec, CHOICES)
+
+
+def build_tokenizer(
+  data_cfg: Any,
+  train_docs: Sequence[str],
+  corpus_sha: str,
+  workdir: str | None,
+  *,
+  is_main: Callable[[], bool],
+  barrier: Callable[[str], None],
+) -> Tokenizer:
+  """Make `data.tokenizer` (a BPE trains on `train_docs` only: `build_bpe`)."""
+  spec = data_cfg.get("tokenizer", "byte")
+  found = lookup(spec)
+  if found is None:
+    raise UserError(f"data.tokenizer={spec!r}: allowed values are {', '.join(CHOICES)}")
+  kind, arg = found
+  return kind.build(
+    arg, TokenizerInputs(data_cfg, train_docs, corpus_sha, workdir, is_main, barrier)
+  )

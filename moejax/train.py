@@ -39,7 +39,7 @@ def main() -> int:
     log(f"stopped by {summary['stopped_by']} at step {summary['step']}; rerun to resume")
     return 0
   if _CONFIG.value.eval.after_train:
-    from moejax.kgrid import run_grid  # pylint: disable=import-outside-toplevel
+    from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
 
     run_grid(_WORKDIR.value, log=log)
     if main_process:

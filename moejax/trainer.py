@@ -72,9 +72,10 @@ def check_config(c: ml_collections.ConfigDict, mesh=None) -> jax.sharding.Mesh:
   return mesh
 
 
-def build(c: ml_collections.ConfigDict, workdir: str | None) -> Run:
-  """Data, model, optimizer state and mesh from a validated config (no checkpoint yet)."""
-  mesh = check_config(c)
+def build(c: ml_collections.ConfigDict, workdir: str | None, mesh=None) -> Run:
+  """Data, model, optimizer state and mesh from a config (no checkpoint yet); `mesh`:
+  check_config's, when the caller has checked the config already."""
+  mesh = check_config(c) if mesh is None else mesh
   data = make_data(c.data, seed=c.train.seed, workdir=workdir)
   if 0 < c.model.vocab_size < data.tokenizer.vocab_size:
     raise UserError(
@@ -121,13 +122,13 @@ def moe_layers(run: Run) -> list[int]:
   return [i for i in range(mc.n_layers) if is_moe_layer(mc, i)]
 
 
-def compile_steps(run: Run):
-  """(jitted guarded train step, jitted eval step)."""
+def compile_steps(run: Run, layers: list[int] | None = None):
+  """(jitted guarded train step, jitted eval step); `layers`: `moe_layers(run)`, if known."""
   c = run.config
   lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = nonfinite.guard(
     step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule),
-    moe_layers(run),
+    moe_layers(run) if layers is None else layers,
     c.train.on_nonfinite,
   )
   train_step = jax.jit(
@@ -163,10 +164,10 @@ def resume(run: Run, workdir: str, it, log):
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
   t0 = time.time()
-  check_config(c)
+  mesh = check_config(c)
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, c)
-  run = build(c, workdir)
+  run = build(c, workdir, mesh)
   batch_sharding = sharding.batch_sharding(run.mesh)
   it = run.data.train_iterator(distributed.process_shard(batch_sharding, c.data.batch_size))
   mngr, start, state = resume(run, workdir, it, log)
@@ -192,9 +193,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     log(tracker.note)
   for line in config_lib.warnings(c):
     log(line)
-  train_step, eval_step = compile_steps(run)
+  layers = moe_layers(run)
+  train_step, eval_step = compile_steps(run, layers)
   bar = _progress(start, end, c.train.progress)
   setup = loop.LoopSetup(
+    config=loop.LoopConfig.from_config(c),
     step_fn=train_step,
     evaluate=lambda st: heldout_loss(run, eval_step, st, c.train.eval_sequences),
     next_tokens=lambda: distributed.global_batch(
@@ -204,9 +207,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     mngr=mngr,
     write_row=tracker.log,
     rng=jax.random.key(c.train.seed),
-    moe_layers=moe_layers(run),
-    policy=c.train.on_nonfinite,
-    max_skips=c.train.max_skips,
+    moe_layers=layers,
     tokens_per_step=c.data.batch_size * c.data.seq_len,
     log=log,
     progress=bar,
@@ -216,7 +217,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   )
   try:
     with stopping.StopRequest().installed() as stop:
-      result = loop.Loop(setup, start, end, c).run(state, stop)
+      result = loop.Loop(setup, start, end).run(state, stop)
   finally:  # also on Diverged / errors: no orbax or wandb threads left behind
     bar.close()
     mngr.close()

@@ -28,10 +28,11 @@ from failure_helpers import (  # fast_compiles: autouse for this module
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from moejax import checkpoint, kgrid, loop, nonfinite, trainer
+from moejax import checkpoint, loop, nonfinite, trainer
 from moejax import workdir as workdir_lib
 from moejax.config import base_config
 from moejax.errors import UserError
+from moejax.kgrid.run import run_grid
 
 STEPS, LOG, EVAL, CKPT = 12, 5, 7, 4
 CONFIG = tiny(
@@ -111,7 +112,7 @@ def test_same_config_and_seed_is_bitwise_identical_and_stale_metrics_are_dropped
 
 def test_final_heldout_loss_is_the_grids_native_cell(reference):
   workdir, summary, log, _ = reference
-  rows = kgrid.run_grid(workdir, k1="2", k2="native", resamples=1000, log=Log())
+  rows = run_grid(workdir, k1="2", k2="native", resamples=1000, log=Log())
   (native,) = [r for r in rows if r["k1"] == 2 and r["k2"] == "native"]
   assert native["loss"] == pytest.approx(summary["eval_loss"], rel=1e-6, abs=1e-6)
   assert any("held-out loss" in line and "eval.sequences" in line for line in log), log
@@ -147,7 +148,7 @@ def test_no_readable_checkpoint_is_a_clear_error_naming_each(reference, tmp_path
   # the evaluator restores params only, so a cut optimizer file would not bother it: cut all
   truncate_state(workdir, CKPT, every_file=True)
   with pytest.raises(UserError) as info:  # the evaluator's --step names it the same way
-    kgrid.run_grid(workdir, step=CKPT, k1="2", k2="native", log=Log())
+    run_grid(workdir, step=CKPT, k1="2", k2="native", log=Log())
   assert f"checkpoint {workdir}/checkpoints/{CKPT} is unreadable" in str(info.value)
 
 
@@ -292,9 +293,10 @@ def test_workdir_that_is_a_file_or_unwritable(tmp_path):
 
 def test_divergence_before_any_checkpoint_names_none():
   fields = {f.name: None for f in dataclasses.fields(loop.LoopSetup)}
-  setup = loop.LoopSetup(**{**fields, "moe_layers": [0], "policy": "stop", "max_skips": 0})
+  cfg = loop.LoopConfig.from_config(CONFIG)._replace(on_nonfinite="stop", max_skips=0)
+  setup = loop.LoopSetup(**{**fields, "config": cfg, "moe_layers": [0]})
   with pytest.raises(trainer.Diverged) as info:
-    loop.Loop(setup, 0, STEPS, CONFIG).check(3, {"nonfinite": 2})
+    loop.Loop(setup, 0, STEPS).check(3, {"nonfinite": 2})
   message = str(info.value)
   assert "non-finite loss at step 3" in message and "no checkpoint was saved" in message
   assert "checkpoints/" not in message

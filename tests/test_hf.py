@@ -228,7 +228,7 @@ def test_grid_on_imported_model(imported):
   """`moejax.evaluate`'s grid runs on an imported model; its native K loss is transformers'
   cross-entropy on the same held-out windows."""
   from moejax.data import make_data
-  from moejax.kgrid import run_grid
+  from moejax.kgrid.run import run_grid
 
   hf, run, _, _ = imported["olmoe"]
   rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)

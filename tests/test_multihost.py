@@ -24,7 +24,8 @@ import pytest
 from failure_helpers import TINY_RUN
 
 from moejax import distributed
-from moejax.data import Shard, TrainIterator
+from moejax.data import TrainIterator
+from moejax.distributed import Shard
 from moejax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,9 +8,8 @@ normalizations (k2) and post-hoc rescalings (`sqrt`, `gain`).
     rows.py     one JSON row per cell: loss, paired Δ statistics, masses, RMS and gains
     report.py   k_grid.md and k_grid.png
     run.py      run_grid: everything above, written to DIR/eval/[step{N}/]
+
+Nothing is re-exported here: import the module you need (`from moejax.kgrid.run import
+run_grid`), so that `cells.py` (imported by moejax.config and launch.dashboard) comes
+without jax, flax or orbax.
 """
-
-from moejax.kgrid.loading import load_config
-from moejax.kgrid.run import run_grid
-
-__all__ = ["load_config", "run_grid"]

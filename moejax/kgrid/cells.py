@@ -7,10 +7,15 @@ rescaling cells `sqrt` and `gain` (native coefficients times a per-layer scalar)
 
 from __future__ import annotations
 
-from moejax.errors import UserError
+from collections.abc import Callable
+from typing import NamedTuple
 
-NATIVE, SQRT, GAIN = "native", "sqrt", "gain"
-SCALED = (SQRT, GAIN)
+import numpy as np
+
+from moejax.errors import UserError
+from moejax.kgrid import gain
+
+NATIVE = "native"
 NAMED_K2 = {  # label -> k2 as a function of (k1, K, E)
   "k1": lambda k1, K, E: k1,
   "K": lambda k1, K, E: K,
@@ -18,7 +23,24 @@ NAMED_K2 = {  # label -> k2 as a function of (k1, K, E)
   "4K": lambda k1, K, E: 4 * K,
   "E": lambda k1, K, E: E,
 }
-LABELS = (NATIVE, *NAMED_K2, *SCALED)
+
+
+class Rescaling(NamedTuple):
+  """A rescaling cell: the native coefficients, MoE layer l's routed output times c_l."""
+
+  scale: Callable[[gain.ScaleInputs], np.ndarray]  # c_M of a cell at k1
+  column: str  # its column label in k_grid.md and k_grid.png
+  needs_norm: bool = False  # undefined for a rule without normalization: skipped, with a note
+  calibrated: bool = False  # fitted on the calibration split (eval.gain_sequences windows)
+
+
+# The rescaling cells, in report column order: adding one is one entry here (the grid,
+# the report and the dashboards iterate this table). Neither runs at k1 = K (native there).
+RESCALINGS: dict[str, Rescaling] = {
+  "sqrt": Rescaling(gain.sqrt_cell, column="sqrt √(k1/K)", needs_norm=True),
+  "gain": Rescaling(gain.gain_cell, column="gain", calibrated=True),
+}
+LABELS = (NATIVE, *NAMED_K2, *RESCALINGS)
 DEFAULT_K2 = "native,k1,K,2K,E"  # DESIGN.md §7
 
 Cell = tuple[int, int | str]  # (k1, k2): k2 an int, "native", "sqrt" or "gain"
@@ -90,23 +112,30 @@ def cells(
 ) -> tuple[list[Cell], list[str]]:
   """(cells, notes): resolved, deduplicated cells, the native k1 = K reference first.
 
-  Integer k2 is kept only when k1 <= k2 <= E. `sqrt` and `gain` are skipped at k1 = K (they
-  are native there), and `sqrt` for rules that do not normalize (`normalizes=False`: Σ r_i
-  then already shrinks with k1); each skip adds a note for the report."""
+  Integer k2 is kept only when k1 <= k2 <= E. The rescaling cells are skipped at k1 = K (they
+  are native there), and those that need a normalization (`sqrt`) for rules that do not
+  normalize (`normalizes=False`: Σ r_i then already shrinks with k1); each such skip adds a
+  note for the report."""
   out: list[Cell] = [(K, NATIVE)]  # the reference every delta is measured against
   notes: list[str] = []
   for k1 in k1s:
     for label in labels:
-      if label in SCALED and k1 == K:
+      rescaling = RESCALINGS.get(label)
+      if rescaling is not None and k1 == K:
         continue
-      if label == SQRT and not normalizes:
-        note = "sqrt: not defined for a rule without normalization (norm=none); skipped"
+      if rescaling is not None and rescaling.needs_norm and not normalizes:
+        note = f"{label}: not defined for a rule without normalization (norm=none); skipped"
         notes += [note] if note not in notes else []
         continue
-      k2 = label if label in (NATIVE, *SCALED) or isinstance(label, int) else None
-      k2 = NAMED_K2[label](k1, K, E) if k2 is None else k2
+      named = label == NATIVE or rescaling is not None or isinstance(label, int)
+      k2 = label if named else NAMED_K2[label](k1, K, E)
       if isinstance(k2, int) and not k1 <= k2 <= E:
         continue
       if (k1, k2) not in out:
         out.append((k1, k2))
   return out, notes
+
+
+def calibrated(labels: list[str | int]) -> list[str]:
+  """The labels of `labels` whose cells are fitted on the calibration split (`gain`)."""
+  return [k2 for k2 in dict.fromkeys(labels) if k2 in RESCALINGS and RESCALINGS[k2].calibrated]

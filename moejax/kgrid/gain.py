@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
+
+
+class ScaleInputs(NamedTuple):
+  """What a rescaling cell's per-layer scale c_M is computed from (cells.RESCALINGS)."""
+
+  k1: int
+  K: int
+  n_moe_layers: int
+  # (k1, scale_M or None) -> the routed output's mean square per MoE layer, calibration split
+  measure_ms: Callable[[int, np.ndarray | None], np.ndarray]
+  target_ms: Callable[[], np.ndarray]  # native k1 = K's measure_ms (computed once, on demand)
 
 
 def sqrt_scale(k1: int, K: int, n_moe_layers: int) -> np.ndarray:
@@ -34,3 +46,13 @@ def fit_gain(measure_ms: Callable[[np.ndarray], np.ndarray], target_ms_M: np.nda
     if ms > 0 and math.isfinite(ms):
       scale_M[layer] = math.sqrt(target_ms_M[layer] / ms)
   return scale_M
+
+
+def sqrt_cell(x: ScaleInputs) -> np.ndarray:
+  """The `sqrt` cell's scales: `sqrt_scale` (no calibration)."""
+  return sqrt_scale(x.k1, x.K, x.n_moe_layers)
+
+
+def gain_cell(x: ScaleInputs) -> np.ndarray:
+  """The `gain` cell's scales: `fit_gain` at k1 to native k1 = K's routed mean square."""
+  return fit_gain(lambda scale_M: x.measure_ms(x.k1, scale_M), x.target_ms())

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax import checkpoint
+from moejax import checkpoint, distributed
 from moejax import config as config_lib
 from moejax import data as data_lib
 from moejax.build import abstract_model
@@ -50,7 +50,14 @@ def heldout_windows(c: ml_collections.ConfigDict, workdir: str) -> tuple[np.ndar
   docs, info = load_corpus(c.data)
   held_N = data_lib.heldout_mask(docs, c.data.holdout_fraction, c.data.split_seed)
   train_docs = [d for d, h in zip(docs, held_N) if not h]  # read only to train a missing BPE
-  tok = build_tokenizer(c.data, train_docs, info.sha256, workdir)
+  tok = build_tokenizer(
+    c.data,
+    train_docs,
+    info.sha256,
+    workdir,
+    is_main=distributed.is_main,
+    barrier=distributed.barrier,
+  )
   stream_T = data_lib.pack(tok.encode_batch([d for d, h in zip(docs, held_N) if h]), tok.eos_id)
   windows_NxL1 = data_lib.windows(stream_T, c.data.seq_len)
   if windows_NxL1.shape[0] < 1:

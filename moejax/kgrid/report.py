@@ -1,6 +1,7 @@
 """k1:k2 grid reports: a markdown table and a Δ-loss heatmap (`k_grid.md`, `k_grid.png`).
 
-Columns are `native`, the integer k2 ascending, then `sqrt` and `gain`. The k2 = E column is
+Columns are `native`, the integer k2 ascending, then the rescaling cells (`sqrt`, `gain`:
+the order of `cells.RESCALINGS`, which also gives their column labels). The k2 = E column is
 labelled for what it is: with softmax scores, ÷ Σ of all E = 1 (no renormalization); with
 sigmoid scores, ÷ the sum of all E sigmoids, which is not the same as no renormalization.
 """
@@ -13,10 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from moejax.errors import UserError
-from moejax.kgrid.cells import GAIN, NATIVE, SQRT
+from moejax.kgrid.cells import NATIVE, RESCALINGS
 
 SIG_P = 0.05
-_NAMED_ORDER = {NATIVE: (0, 0), SQRT: (2, 0), GAIN: (3, 0)}
+_NAMED = (NATIVE, *RESCALINGS)
+_NAMED_ORDER = {NATIVE: (0, 0), **{name: (2 + i, 0) for i, name in enumerate(RESCALINGS)}}
 COLUMNS = (  # markdown: (header, row key, format)
   ("loss", "loss", ".4f"),
   ("accuracy", "accuracy", ".4f"),
@@ -39,7 +41,8 @@ def _k2(value):
     return value
   if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
     return int(value)
-  raise UserError(f"k2: got {value!r}, allowed an int, {NATIVE!r}, {SQRT!r} or {GAIN!r}")
+  named = ", ".join(map(repr, _NAMED[:-1])) + f" or {_NAMED[-1]!r}"
+  raise UserError(f"k2: got {value!r}, allowed an int, {named}")
 
 
 def _k2_key(k2) -> tuple[int, int]:
@@ -48,8 +51,8 @@ def _k2_key(k2) -> tuple[int, int]:
 
 def k2_label(k2, *, n_experts: int | None = None, score: str = "softmax") -> str:
   """Column label: the k2 = E column says what dividing by all E scores means."""
-  if k2 == SQRT:
-    return "sqrt √(k1/K)"
+  if isinstance(k2, str) and k2 in RESCALINGS:
+    return RESCALINGS[k2].column
   if k2 == n_experts:
     return f"{k2} (÷ all E sigmoids)" if score == "sigmoid" else f"{k2} (= no renorm)"
   return str(k2)
@@ -76,7 +79,8 @@ def is_significant(row: dict) -> bool:
 
 
 def pivot(rows: list[dict]) -> tuple[list[int], list, np.ndarray]:
-  """(k1 ascending, k2 columns: native, ints ascending, sqrt, gain; delta_K1xK2, NaN holes)."""
+  """(k1 ascending, k2 columns: native, ints ascending, the rescaling cells; delta_K1xK2
+  with NaN holes)."""
   _check(rows)
   k1s = sorted({int(r["k1"]) for r in rows})
   k2s = sorted({_k2(r["k2"]) for r in rows}, key=_k2_key)

@@ -9,12 +9,13 @@ calibration split never overlaps the evaluated sequences.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import numpy as np
 
-from moejax import distributed, routing, runio
+from moejax import corpora, distributed, routing, runio
 from moejax.config import moe_config
 from moejax.errors import UserError
 from moejax.kgrid import cells as cells_lib
@@ -23,6 +24,7 @@ from moejax.kgrid import report
 from moejax.kgrid import rows as rows_lib
 from moejax.kgrid.forward import CellForward, CellResult
 from moejax.kgrid.loading import load_config, load_run
+from moejax.tracking import wandb_dir, wandb_mode
 
 
 def _batches(windows_NxL1: np.ndarray, batch_size: int) -> list[np.ndarray]:
@@ -39,19 +41,22 @@ def _check_args(**values) -> None:
       raise UserError(f"--{name}={value} is not allowed; use an int >= {minimum[name]}")
 
 
-def _split(windows_NxL1, n_eval: int, n_calib: int, log) -> tuple[np.ndarray, np.ndarray]:
-  """(evaluated, calibration) windows: the first n_eval, then up to n_calib after them."""
+def _split(
+  windows_NxL1, n_eval: int, n_calib: int, log, fitted: str
+) -> tuple[np.ndarray, np.ndarray]:
+  """(evaluated, calibration) windows: the first n_eval, then up to n_calib after them for
+  the `fitted` cells (the calibrated rescalings)."""
   have = windows_NxL1.shape[0]
   if have < n_eval:
     log(f"held-out split has {have} windows, < the {n_eval} requested; using {have}")
   evaluated, calib = windows_NxL1[:n_eval], windows_NxL1[n_eval : n_eval + n_calib]
   if n_calib and len(calib) == 0:
     raise UserError(
-      f"--k2 gain needs calibration windows after the {len(evaluated)} evaluated ones, and the "
-      f"held-out split has {have}; lower --sequences or drop gain"
+      f"--k2 {fitted} needs calibration windows after the {len(evaluated)} evaluated ones, and "
+      f"the held-out split has {have}; lower --sequences or drop {fitted}"
     )
   if n_calib and len(calib) < n_calib:
-    log(f"gain: calibration split has {len(calib)} windows (< {n_calib} requested)")
+    log(f"{fitted}: calibration split has {len(calib)} windows (< {n_calib} requested)")
   return evaluated, calib
 
 
@@ -84,8 +89,10 @@ def run_grid(
   labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
   cells, notes = cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
   run = load_run(workdir, c, step)
-  n_calib = (gain_sequences or c.eval.gain_sequences) if cells_lib.GAIN in labels else 0
-  evaluated, calib = _split(run.heldout_NxL1, sequences or c.eval.sequences, n_calib, log)
+  fitted = cells_lib.calibrated(labels)
+  n_calib = (gain_sequences or c.eval.gain_sequences) if fitted else 0
+  n_eval = sequences or c.eval.sequences
+  evaluated, calib = _split(run.heldout_NxL1, n_eval, n_calib, log, ",".join(fitted))
   bs = batch_size or c.eval.batch_size
   batches = _batches(evaluated, bs)
   log(
@@ -117,7 +124,7 @@ def heldout_info(c, n_sequences: int, n_windows: int) -> dict:
   d = c.data
   return {
     "corpus": d.corpus,
-    "paths": d.get("paths", "") if d.corpus == "files" else "",
+    "paths": corpora.corpus_paths(d),
     "tokenizer": d.tokenizer,
     "holdout_fraction": d.holdout_fraction,
     "sequences": n_sequences,
@@ -129,21 +136,19 @@ def heldout_info(c, n_sequences: int, n_windows: int) -> dict:
 def _run_cells(
   fwd: CellForward, cells, batches, calib_batches, K: int, n_moe: int
 ) -> tuple[dict, dict]:
-  """{cell: CellResult} and {cell: scale_M} for the rescaling cells."""
+  """{cell: CellResult} and {cell: scale_M} for the rescaling cells (cells.RESCALINGS)."""
   results: dict[cells_lib.Cell, CellResult] = {}
   scales: dict[cells_lib.Cell, np.ndarray] = {}
-  target_ms_M = None
+
+  def measure_ms(k1: int, scale_M) -> np.ndarray:
+    return fwd.run(calib_batches, k1, scale_M=scale_M).layers["routed_out_rms"]
+
+  target_ms = functools.cache(lambda: measure_ms(K, None))
   for k1, k2 in cells:
+    rescaling = cells_lib.RESCALINGS.get(k2)
     scale_M = None
-    if k2 == cells_lib.SQRT:
-      scale_M = gain_lib.sqrt_scale(k1, K, n_moe)
-    elif k2 == cells_lib.GAIN:
-      if target_ms_M is None:
-        target_ms_M = fwd.run(calib_batches, K).layers["routed_out_rms"]
-      scale_M = gain_lib.fit_gain(
-        lambda s, k1=k1: fwd.run(calib_batches, k1, scale_M=s).layers["routed_out_rms"],
-        target_ms_M,
-      )
+    if rescaling is not None:
+      scale_M = rescaling.scale(gain_lib.ScaleInputs(k1, K, n_moe, measure_ms, target_ms))
     int_k2 = k2 if isinstance(k2, int) else None
     results[(k1, k2)] = fwd.run(batches, k1, k2=int_k2, scale_M=scale_M)
     if scale_M is not None:
@@ -173,13 +178,11 @@ WANDB_COLUMNS = (
 
 def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
   """Adds the grid to the training run's wandb (same run id) when wandb is on."""
-  from moejax.tracking import wandb_dir, wandb_mode  # pylint: disable=import-outside-toplevel
-
   id_path = runio.path(workdir, "wandb_run_id")
   mode = wandb_mode(c.wandb.mode)
   if mode == "disabled" or not id_path.exists():
     return
-  import wandb  # pylint: disable=import-outside-toplevel
+  import wandb  # pylint: disable=import-outside-toplevel  (allow-listed: tests/test_imports.py)
 
   run = wandb.init(
     project=c.wandb.project,
