@@ -77,7 +77,8 @@ def tiny(preset: str, mode: str, impl: str):
   c.model.n_layers = c.model.first_dense + 1
   c.model.moe.update(dispatch=mode, impl=impl)
   c.mesh.update(**MESH)
-  seq_len, group = 8, c.model.moe.group_size
+  # splash attention needs sequences of a multiple of 128 tokens
+  seq_len, group = (128 if c.model.attention == "splash" else 8), c.model.moe.group_size
   while group and (ROWS * seq_len) % group:
     seq_len *= 2
   c.data.update(batch_size=ROWS * c.train.grad_accum, seq_len=seq_len)
