@@ -1,6 +1,6 @@
 """Ahead-of-time: the train step compiled for devices this machine does not have, and sized.
 
-No data is read: the vocabulary is the config's nominal one (`describe.nominal_vocab`) and
+No data is read: the vocabulary is the config's nominal one (`worksheet.nominal_vocab`) and
 params, optimizer state, router state and the batch are `jax.ShapeDtypeStruct`s carrying
 the trainer's shardings on a data × fsdp × expert mesh of the target's devices. The
 function compiled is the one `moejax.train` runs (`trainer.compile_steps`: the guarded
@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import build, describe, dispatch, optim, sharding, trainer
+from moejax import build, dispatch, optim, sharding, trainer, worksheet
 from moejax import step as step_lib
 from moejax.errors import UserError
 from moejax.kgrid.forward import CellForward
@@ -253,7 +253,7 @@ def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
 
   config_lib.validate(c)
   mesh = trainer.check_config(c, target_mesh(c, target))
-  vocab, _ = describe.nominal_vocab(c)
+  vocab, _ = worksheet.nominal_vocab(c)
   graphdef, params, router = step_lib.split_model(build.abstract_model(c, vocab))
   tx, schedule = optim.optimizer(c)
   state = {

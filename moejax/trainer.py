@@ -14,7 +14,6 @@ from flax import nnx
 
 from moejax import (
   checkpoint,
-  describe,
   distributed,
   flops,
   loop,
@@ -23,6 +22,7 @@ from moejax import (
   sharding,
   stopping,
   tracking,
+  worksheet,
 )
 from moejax import config as config_lib
 from moejax import step as step_lib
@@ -111,7 +111,7 @@ def resolved_config(run: Run) -> dict:
     "git_commit": tracking.git_commit(),
     "devices": jax.device_count(),
     "backend": jax.default_backend(),
-    "worksheet": describe.worksheet(run.config, run.data.tokenizer.vocab_size).to_dict(),
+    "worksheet": worksheet.worksheet(run.config, run.data.tokenizer.vocab_size).to_dict(),
   }
   return out
 
