@@ -18,7 +18,9 @@ anchor for this path.
 * GPU: there are no compile-only CUDA devices. `jax.export` for `("cuda",)` on an
   `AbstractMesh` lowers the same step (a lowering error fails), state sizes are exact from
   the shardings, and the temporaries are estimated from a CPU compile of one device's
-  share of the batch (params replicated), labelled as an estimate.
+  share of the batch (params replicated, memory-optimized scheduling), labelled as an
+  estimate. XLA:CPU has no flash attention: `model.attention=dot_product`, cuDNN's fused
+  attention on a GPU, is estimated with its L×L probabilities materialized.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ _OOM = re.compile(
   r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)"
 )
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# The GPU estimate's CPU compile orders for memory, as the GPU scheduler does; XLA:CPU's
+# default orders for concurrency (the TPU preset's 8-GPU share: 39.7 GiB of temporaries by
+# default, 23.0 GiB memory-optimized; tests/test_memory.py uses the same option).
+CPU_MEMORY_SCHEDULER = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 
 class Target(NamedTuple):
@@ -376,7 +382,7 @@ def size_gpu(c: ml_collections.ConfigDict, target: Target) -> Footprint:
   cpu = Target("cpu share", "cpu", tuple(jax.devices("cpu")[:1]), 1, 0, "")
   share = abstract_run(one_device_share(c, target.n_devices), cpu)
   lowered = train_step(share).lower(share.run.state, share.tokens, share.rng)
-  ma = lowered.compile().memory_analysis()
+  ma = lowered.compile(compiler_options=CPU_MEMORY_SCHEDULER).memory_analysis()
   out = _footprint(c, target, abstract, **_memory(ma), estimate=True, refused=False)
   exact_args = device_bytes(args)
   return out._replace(arguments=exact_args, outputs=exact_args, aliased=exact_args, code=0)
