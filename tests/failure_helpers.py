@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import ml_collections
@@ -119,3 +121,21 @@ def same_rows(a: list[dict], b: list[dict]) -> None:
   assert [r["step"] for r in a] == [r["step"] for r in b]
   for key in TRAIN_KEYS:
     assert [r.get(key) for r in a] == [r.get(key) for r in b], key
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def results_on_host_devices(script: str, path, n_devices: int, timeout: int = 600, **env) -> dict:
+  """Runs `script` (written to `path`) in a subprocess with `n_devices` fake CPU devices and
+  returns the JSON of its one `RESULTS ` line; `env` adds variables."""
+  path.write_text(script)
+  flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n_devices}"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags.strip(), **env}
+  proc = subprocess.run(
+    [sys.executable, str(path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULTS ")]
+  assert len(lines) == 1, proc.stdout[-2000:]
+  return json.loads(lines[0][len("RESULTS ") :])

@@ -9,23 +9,19 @@ splash kernel runs in Pallas interpret mode here; lowered for TPU it is a Mosaic
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from failure_helpers import results_on_host_devices
 from flax import nnx
 
 from moejax.attention import ATTENTION_IMPLS, splash_attention
 from moejax.errors import UserError
 from moejax.layers import Attention
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, L, H, G, K = 2, 128, 4, 2, 8
 IMPLS = tuple(ATTENTION_IMPLS)
 
@@ -171,25 +167,7 @@ SHARD_SCRIPT = textwrap.dedent(r"""
 def test_splash_runs_per_device_under_a_context_mesh(tmp_path):
   """Under `jax.set_mesh` splash runs in a shard_map over data × fsdp (a Pallas call is
   opaque to GSPMD): one sequence per device on 4 host devices, the same result."""
-  script = tmp_path / "splash_mesh.py"
-  script.write_text(SHARD_SCRIPT)
-  env = {
-    **os.environ,
-    "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"),
-  }
-  proc = subprocess.run(
-    [sys.executable, str(script)],
-    check=False,
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
-  r = json.loads(line[len("RESULTS ") :])
+  r = results_on_host_devices(SHARD_SCRIPT, tmp_path / "splash_mesh.py", 4)
   assert r["shard_map"] and not r["no_mesh_shard_map"]
   assert r["out_shards"] == [[1, 128, 4, 8]]
   assert r["max_diff"] < 1e-6

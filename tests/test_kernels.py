@@ -5,9 +5,13 @@ import functools
 
 import jax
 import pytest
+from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixture)
+  fast_compiles,
+  results_on_host_devices,
+  tiny,
+)
 from jax import export
 
-from failure_helpers import fast_compiles, tiny  # noqa: F401  (module-scoped fixture)
 from moejax import dispatch as dsp
 from moejax import sharding, trainer
 from moejax import step as step_lib
@@ -99,20 +103,5 @@ def test_megablox_runs_per_device_in_a_shard_map_under_the_tracing_mesh(tmp_path
   """A Mosaic kernel cannot be partitioned by GSPMD: under the trainer's tracing mesh the
   megablox kernel plans and runs each device's own tokens (4 host devices, 2 x 2 data x
   fsdp), with the single-device result."""
-  import json
-  import os
-  import subprocess
-  import sys
-
-  script = tmp_path / "megablox_mesh.py"
-  script.write_text(MEGABLOX_MESH_SCRIPT)
-  flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run(
-    [sys.executable, str(script)], cwd=repo, env=env, capture_output=True, text=True, timeout=600
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
-  r = json.loads(line[len("RESULTS ") :])
+  r = results_on_host_devices(MEGABLOX_MESH_SCRIPT, tmp_path / "megablox_mesh.py", 4)
   assert r["shard_map"] and r["max_diff"] < 1e-5

@@ -14,15 +14,11 @@ runs as a script in a subprocess with `--xla_force_host_platform_device_count=8`
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from failure_helpers import results_on_host_devices
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent(r'''
   import json, sys
@@ -160,30 +156,10 @@ SCRIPT = textwrap.dedent(r'''
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-  script = tmp_path_factory.mktemp("sharding") / "sharded_vs_single.py"
-  script.write_text(SCRIPT)
-  env = {
-    **os.environ,
-    "WANDB_MODE": "disabled",
-    "JAX_PLATFORMS": "cpu",
-    "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
-    "XLA_FLAGS": (
-      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip(),
-  }
-  proc = subprocess.run(
-    [sys.executable, str(script)],
-    check=False,
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  path = tmp_path_factory.mktemp("sharding") / "sharded_vs_single.py"
+  return results_on_host_devices(
+    SCRIPT, path, 8, timeout=300, WANDB_MODE="disabled", JAX_DISABLE_MOST_OPTIMIZATIONS="1"
   )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
-  assert len(lines) == 1, proc.stdout[-2000:]
-  return json.loads(lines[0][len("RESULTS ") :])
 
 
 def test_batch_is_split_over_8_devices(results):
