@@ -14,6 +14,13 @@ import results as res
 LINES = ("native", "k2=k1", "k2=K", "best k2", "gain")
 
 
+def save(fig, path: pathlib.Path) -> None:
+  """Every figure of the report: tight layout, 110 dpi, then closed."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def line_cells(run: res.RunResult, k1: int, best: dict) -> dict:
   """The cell behind each plotted line at this k1 (None where the grid lacks it)."""
   grid, K = run.final_grid, run.top_k
@@ -50,9 +57,7 @@ def delta_vs_k1(panels: dict[str, list[res.RunResult]], best: dict, path: pathli
   for ax in list(axes.flat)[n:]:
     ax.axis("off")
   axes.flat[0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save(fig, path)
 
 
 def delta_vs_gain(runs: list[res.RunResult], path: pathlib.Path) -> None:
@@ -71,9 +76,7 @@ def delta_vs_gain(runs: list[res.RunResult], path: pathlib.Path) -> None:
   ax.set_xlabel("routed gain (RMS of routed output vs native k1=K)")
   ax.set_ylabel("Δ loss (nats/token)")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save(fig, path)
 
 
 def delta_vs_step(by_rule: dict[str, list[res.RunResult]], k1: int, path: pathlib.Path) -> None:
@@ -98,9 +101,7 @@ def delta_vs_step(by_rule: dict[str, list[res.RunResult]], k1: int, path: pathli
   ax.set_ylabel(f"Δ loss at k1={k1} (nats/token)")
   ax.axhline(0, color="k", lw=0.5)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save(fig, path)
 
 
 def loss_vs_active(curves_by_rule: dict[str, dict[str, list]], path: pathlib.Path) -> None:
@@ -125,6 +126,4 @@ def loss_vs_active(curves_by_rule: dict[str, dict[str, list]], path: pathlib.Pat
     ax.set_xlabel("active experts k1")
     ax.set_ylabel("held-out loss (nats/token)")
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save(fig, path)
