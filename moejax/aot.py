@@ -293,10 +293,7 @@ def _impl(c: ml_collections.ConfigDict, platform: str) -> str:
   moe = c.model.moe
   if c.model.moe_every == 0:
     return "dense"
-  try:
-    return dispatch.resolve_impl(moe.impl, moe.dispatch, platform)
-  except TypeError:  # a dispatch without per-platform resolution
-    return moe.impl
+  return dispatch.resolve_impl(moe.impl, moe.dispatch, platform)
 
 
 # ------------------------------------------------------------------------------ compiles

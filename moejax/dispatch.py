@@ -132,16 +132,10 @@ def _per_device(run: Callable) -> Callable:
     axes = batch_axes(x_TxD.shape[0])
     if not axes:
       return run(x_TxD, experts_TxK, weights_TxK, ex, used_TxK)
-    rows, whole = P(axes), P()
-    in_specs = (rows, rows, rows, jax.tree.map(lambda _: whole, ex), None)
-    if used_TxK is None:
-      fn = lambda x, e, w, W: run(x, e, w, W, None)
-      in_specs = in_specs[:4]
-      args = (x_TxD, experts_TxK, weights_TxK, ex)
-    else:
-      fn, in_specs = run, in_specs[:4] + (rows,)
-      args = (x_TxD, experts_TxK, weights_TxK, ex, used_TxK)
-    return jax.shard_map(fn, in_specs=in_specs, out_specs=rows, check_vma=False)(*args)
+    rows = P(axes)  # `used_TxK` may be None: a spec over an empty pytree
+    in_specs = (rows, rows, rows, jax.tree.map(lambda _: P(), ex), rows)
+    fn = jax.shard_map(run, in_specs=in_specs, out_specs=rows, check_vma=False)
+    return fn(x_TxD, experts_TxK, weights_TxK, ex, used_TxK)
 
   return sharded
 

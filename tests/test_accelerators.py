@@ -62,10 +62,7 @@ def tpu_kernels() -> tuple[str, ...]:
 
 def tpu_auto() -> str:
   """What `auto` runs on TPU for dropless (a case of its own would repeat `auto`'s)."""
-  try:
-    return dispatch.resolve_impl("auto", "dropless", "tpu")
-  except TypeError:  # a dispatch without per-platform resolution
-    return "ragged"
+  return dispatch.resolve_impl("auto", "dropless", "tpu")
 
 
 def load(preset: str):
