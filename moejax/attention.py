@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
+from moejax import sharding
 from moejax.errors import UserError
 
 # Splash tiles: MaxText's `sa_block_*` default (512), or the largest smaller one that divides
@@ -96,15 +97,6 @@ def _splash_local(q_BxHxLxK, k_BxGxLxK, v_BxGxLxK):
   )
 
 
-def _batch_axes(mesh, batch: int) -> tuple[str, ...]:
-  """The context mesh's data-parallel axes (moejax.sharding: data, fsdp) that split B."""
-  axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1)
-  n = 1
-  for a in axes:
-    n *= mesh.shape[a]
-  return axes if axes and batch % n == 0 else ()
-
-
 def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array) -> jax.Array:
   """Causal GQA through the splash kernel (q pre-scaled by K^-1/2: the kernel does not
   scale). A Pallas call is opaque to GSPMD, so under a context mesh (`jax.set_mesh`) it
@@ -114,8 +106,7 @@ def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.
   splash_block(L)
   q = jnp.swapaxes(q_BxLxHxK * jnp.asarray(K**-0.5, q_BxLxHxK.dtype), 1, 2)
   k, v = jnp.swapaxes(k_BxLxGxK, 1, 2), jnp.swapaxes(v_BxLxGxK, 1, 2)
-  mesh = jax.sharding.get_abstract_mesh()
-  axes = () if mesh.empty else _batch_axes(mesh, B)
+  axes = sharding.batch_axes(B)
   fn = _splash_local
   if axes:
     spec = jax.sharding.PartitionSpec(axes)

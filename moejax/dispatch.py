@@ -12,7 +12,6 @@ export for `("cuda",)` from a CPU machine carries the GPU choice.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -20,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax import blocked, fused, megablox, plans, ragged
+from moejax import blocked, fused, megablox, plans, ragged, sharding
 from moejax.errors import UserError, check_choice
 from moejax.grouped import Blocks
 from moejax.plans import ExpertWeights
@@ -111,17 +110,6 @@ def _dropless_with(name: str, block: int) -> Callable:
   return _per_device(run) if kernel.per_device else run
 
 
-def batch_axes(n_tokens: int) -> tuple[str, ...]:
-  """The context mesh's data-parallel axes (moejax.sharding: data, fsdp) that split the
-  tokens, or () without a context mesh (`sharding.tracing_mesh`) or when they do not."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return ()
-  axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1)
-  n = math.prod(mesh.shape[a] for a in axes)
-  return axes if axes and n_tokens % n == 0 else ()
-
-
 def _per_device(run: Callable) -> Callable:
   """`run` on each device's own tokens (plan included), in a shard_map over the batch axes:
   a Mosaic kernel cannot be partitioned by GSPMD. Expert weights enter whole (P(): XLA
@@ -129,7 +117,7 @@ def _per_device(run: Callable) -> Callable:
   parallelism."""
 
   def sharded(x_TxD, experts_TxK, weights_TxK, ex, used_TxK):
-    axes = batch_axes(x_TxD.shape[0])
+    axes = sharding.batch_axes(x_TxD.shape[0])
     if not axes:
       return run(x_TxD, experts_TxK, weights_TxK, ex, used_TxK)
     rows = P(axes)  # `used_TxK` may be None: a spec over an empty pytree

@@ -8,6 +8,8 @@ parameters. Collectives are inserted by XLA.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import ml_collections
 import numpy as np
@@ -96,3 +98,14 @@ def tracing_mesh(fn, mesh: Mesh):
       return fn(*args)
 
   return traced
+
+
+def batch_axes(n: int) -> tuple[str, ...]:
+  """The context mesh's data-parallel axes (data, fsdp) that split a leading axis of `n`,
+  or () without a context mesh (`tracing_mesh`) or when they do not divide it: where a
+  per-device kernel's shard_map splits its rows."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return ()
+  axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and mesh.shape[a] > 1)
+  return axes if axes and n % math.prod(mesh.shape[a] for a in axes) == 0 else ()
