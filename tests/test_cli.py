@@ -46,6 +46,7 @@ MOE_NAMES = (
   "shared_coef",
   "routed_out_rms",
   "router_entropy",
+  "mean_k",
 )
 
 
@@ -141,6 +142,7 @@ def test_quickstart_metrics_rows(quickstart):
       for layer in range(2):  # every layer is MoE in the quickstart
         assert isinstance(row.get(f"moe/layer{layer}/{name}"), float), (row["step"], layer, name)
     assert row["moe/drop_fraction"] == 0.0  # dropless
+    assert row["moe/mean_k"] == 2.0  # quickstart's fixed top-2
     assert row["moe/shared_coef"] == 0.0  # mixtral has no shared expert
     assert abs(row["moe/routed_mass"] - 1.0) < 1e-5  # renormalized top-k
   assert all(r["tokens_per_sec"] > 0 for r in rows)

@@ -39,6 +39,7 @@ AUX_KEYS = {
   "shared_coef",
   "routed_out_rms",
   "router_entropy",
+  "mean_k",
 }
 
 
