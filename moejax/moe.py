@@ -238,10 +238,9 @@ class MoEBlock(nnx.Module):
 
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
     experts_TxK = ro.experts_TxK if used_TxK is None else jnp.where(used_TxK, ro.experts_TxK, E)
-    diag = diagnostics(probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T)
-    if used_TxK is not None:  # the k's used, and drops among the assignments used
-      drops = ((used_TxK & ~kept_TxK).sum() / used_TxK.sum()).astype(jnp.float32)
-      diag = diag._replace(mean_k=k_T.mean(dtype=jnp.float32), drop_fraction=drops)
+    diag = diagnostics(
+      probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T, used_TxK, k_T
+    )
     eval_diag = None
     if not train:
       masses = routing.score_masses(ro, rule, k, K, k2, self.router.bias[...])
@@ -293,17 +292,27 @@ class MoEBlock(nnx.Module):
     )
 
 
-def diagnostics(probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_T) -> Diagnostics:
-  """DESIGN.md §6 per-layer diagnostics, all float32 scalars over this call's tokens."""
+def diagnostics(
+  probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_T, used_TxK=None, k_T=None
+) -> Diagnostics:
+  """DESIGN.md §6 per-layer diagnostics, all float32 scalars over this call's tokens. With
+  elastic-k's `used_TxK` and `k_T`, drops count among the assignments used, and mean_k is
+  the mean k drawn (else the k of `experts_TxK`)."""
   load_E = jax.nn.one_hot(experts_TxK, probs_TxE.shape[-1], dtype=jnp.float32).sum((0, 1))
   entropy_T = -(probs_TxE * jnp.log(jnp.clip(probs_TxE, 1e-30))).sum(-1)
   routed32 = routed_TxD.astype(jnp.float32)
+  if used_TxK is None:
+    drops = 1.0 - kept_TxK.astype(jnp.float32).mean()
+    mean_k = jnp.asarray(experts_TxK.shape[-1], jnp.float32)
+  else:
+    drops = ((used_TxK & ~kept_TxK).sum() / used_TxK.sum()).astype(jnp.float32)
+    mean_k = k_T.mean(dtype=jnp.float32)
   return Diagnostics(
-    drop_fraction=1.0 - kept_TxK.astype(jnp.float32).mean(),
+    drop_fraction=drops,
     load_max_over_mean=load_E.max() / load_E.mean(),
     routed_mass=weights_TxK.sum(-1).mean(),
     shared_coef=coef_T.mean(),
     routed_out_rms=jnp.sqrt(jnp.mean(routed32**2)),
     router_entropy=entropy_T.mean(),
-    mean_k=jnp.asarray(experts_TxK.shape[-1], jnp.float32),
+    mean_k=mean_k,
   )
