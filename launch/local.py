@@ -28,7 +28,7 @@ class Job:
   run: RunSpec
   workdir: str
   todo: list[list[str]]  # commands still to run, in order
-  state: str = "queued"  # queued, training, grid, done, skipped, failed
+  state: str = "queued"  # queued, training, grid, done, skipped, failed, stopped
   proc: subprocess.Popen | None = None
   first_seen: tuple[float, int] | None = None  # (time, step) for the ETA
   cores: tuple | None = None  # CPUs this job's commands are pinned to (--cores-per-run)
@@ -71,7 +71,7 @@ def _start_next(job: Job) -> None:
       stderr=subprocess.STDOUT,
       stdin=subprocess.DEVNULL,
       start_new_session=True,
-      preexec_fn=cores.preexec(job.cores),
+      preexec_fn=cores.preexec(job.cores),  # noqa: PLW1509 (the launcher starts no threads)
     )
   job.state = "training" if "moejax.train" in argv else "grid"
 
@@ -84,12 +84,20 @@ def _advance(job: Job, results: str | None) -> None:
   job.proc = None
   if rc != 0:
     job.state = "failed"
+  elif job.state == "training" and _stopped_early(job.workdir):
+    job.state = "stopped"  # SIGTERM/SIGINT exit 0 with a checkpoint: no grid of a partial run
   elif job.todo:
     _start_next(job)
   else:
     job.state = "done"
     if results:
       status.copy_results(job.workdir, os.path.join(results, job.run.name))
+
+
+def _stopped_early(workdir: str) -> bool:
+  """Whether training exited before its target step (a signal saves a checkpoint, exits 0)."""
+  prog = status.progress(workdir)
+  return prog.step < prog.steps
 
 
 def stop(procs: list[subprocess.Popen], wait_s: float = STOP_WAIT_S) -> None:
@@ -149,7 +157,7 @@ def run(
   sweep: Sweep, jobs: list[Job], parallel: int, out=sys.stdout, cores_per_run: int = 0
 ) -> list[Job]:
   """Runs the jobs, `parallel` at a time, each pinned to its own `cores_per_run` CPUs when
-  that is > 0; returns the failed ones."""
+  that is > 0; returns the failed ones and those whose training stopped early."""
   pool = cores.Pool(cores.groups(cores_per_run, parallel))
   last = ""
   try:
@@ -170,7 +178,7 @@ def run(
           _finish_without_commands(job, sweep.results)
       last = _show(jobs, out, last)
       if all(j.proc is None and j.state != "queued" for j in jobs):
-        return [j for j in jobs if j.state == "failed"]
+        return [j for j in jobs if j.state in ("failed", "stopped")]
       time.sleep(REFRESH_S if out.isatty() else 0.5)
   except KeyboardInterrupt:
     running = [j.proc for j in jobs if j.proc is not None]

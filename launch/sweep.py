@@ -48,7 +48,9 @@ def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
     return 0
   failed = local.run(sweep, jobs, args.parallel, cores_per_run=args.cores_per_run)
   if failed:
-    print(f"error: {len(failed)} run(s) failed:", file=sys.stderr)
+    print(
+      f"error: {len(failed)} run(s) failed or stopped early (rerun to resume):", file=sys.stderr
+    )
     for job in failed:
       print(f"  {job.run.name}: {job.log}", file=sys.stderr)
     return 1

@@ -55,3 +55,24 @@ def test_groups_partition_the_mask_and_refuse_too_many():
   assert cores.groups(0, 8, {0}) == []
   with pytest.raises(UserError, match="--cores-per-run 2 is not allowed with --parallel 2"):
     cores.groups(2, 2, {0, 1, 2})
+
+
+# a "training" command that exits 0 at step 3 of 10, as moejax.train does after a SIGTERM
+STOPPED_TRAIN = (
+  "import json, os, sys; d = sys.argv[1]; os.makedirs(d, exist_ok=True); "
+  "json.dump({'train': {'steps': 10, 'stop_at': 0}}, open(os.path.join(d, 'config.json'), 'w')); "
+  "open(os.path.join(d, 'metrics.jsonl'), 'w').write(json.dumps({'step': 3}) + '\\n')"
+)
+
+
+def test_a_run_stopped_before_its_target_step_is_not_gridded(tmp_path):
+  """moejax.train exits 0 when a signal stops it (checkpoint saved): the launcher must not
+  go on to grid the partial checkpoint, and reports the run."""
+  wd = str(tmp_path / "r0")
+  grid_marker = os.path.join(wd, "gridded")
+  train = [sys.executable, "-c", STOPPED_TRAIN, wd, "moejax.train"]
+  grid = [sys.executable, "-c", f"open({grid_marker!r}, 'w')"]
+  job = local.Job(RunSpec(name="r0", config="-", overrides={}, factors={}), wd, [train, grid])
+  failed = local.run(Sweep("s", []), [job], 1, out=io.StringIO())
+  assert failed == [job] and job.state == "stopped"
+  assert not os.path.exists(grid_marker)
