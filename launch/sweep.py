@@ -23,8 +23,9 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--cores-per-run",
     type=int,
-    default=0,
-    help="local: pin each running run to its own N cores (0: no pinning)",
+    default=cores.AUTO,
+    help="local: pin each running run to its own N cores (0: no pinning; default: none "
+    "with --parallel 1, else the cores split evenly)",
   )
   p.add_argument("--only", default="", help="comma-separated run names (default: all)")
   p.add_argument("--dry-run", action="store_true", help="write/print commands, run nothing")
@@ -38,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
 def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
   if args.parallel < 1:
     raise UserError(f"--parallel {args.parallel} is not allowed; use an int >= 1")
+  if args.cores_per_run == cores.AUTO:
+    args.cores_per_run = cores.default_per_run(args.parallel)
   cores.groups(args.cores_per_run, args.parallel)  # refuses a request this machine can't pin
   jobs = local.plan(sweep, runs, args.root or "runs")
   if args.dry_run:

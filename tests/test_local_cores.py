@@ -57,6 +57,16 @@ def test_groups_partition_the_mask_and_refuse_too_many():
     cores.groups(2, 2, {0, 1, 2})
 
 
+def test_the_default_pins_only_runs_that_share_the_machine():
+  """--cores-per-run's default: none for one run at a time, else an even split of the mask
+  (floor), and no pinning when there are more runs than cores."""
+  assert cores.default_per_run(1, {0, 1}) == 0
+  assert cores.default_per_run(2, {0, 1}) == 1
+  assert cores.default_per_run(3, set(range(8))) == 2  # 8 // 3, two cores left unused
+  assert cores.default_per_run(4, {0, 1}) == 0
+  assert cores.groups(cores.default_per_run(2, {3, 7}), 2, {3, 7}) == [(3,), (7,)]
+
+
 # a "training" command that exits 0 at step 3 of 10, as moejax.train does after a SIGTERM
 STOPPED_TRAIN = (
   "import json, os, sys; d = sys.argv[1]; os.makedirs(d, exist_ok=True); "

@@ -122,19 +122,9 @@ def width(d: int) -> dict:
 
 
 def factor_f() -> list[RunSpec]:
-  runs = [
-    RunSpec(
-      name=f"f-d{d}-{rule}-s{seed}",
-      config=CONFIG,
-      overrides={**width(d), "model.moe.rule": rule, "train.seed": seed},
-      factors={"factor": "F", "d_model": d, "steps": STEPS, "rule": rule, "seed": seed},
-    )
-    for d in (64, 256)
-    for seed in (0, 1)
-    for rule in CORE_RULES
-  ]
+  """The longest runs first, so two runs at a time end together (longest processing time)."""
   long = {"train.steps": LONG, "train.ckpt_every": LONG // 4, "train.eval_every": LONG // 4}
-  return runs + [
+  longer = [
     RunSpec(
       name=f"f-long-{rule}-s0",
       config=CONFIG,
@@ -142,6 +132,17 @@ def factor_f() -> list[RunSpec]:
       factors={"factor": "F", "d_model": 128, "steps": LONG, "rule": rule, "seed": 0},
       grid_steps=(LONG // 4, LONG // 2, 3 * LONG // 4),
     )
+    for rule in CORE_RULES
+  ]
+  return longer + [
+    RunSpec(
+      name=f"f-d{d}-{rule}-s{seed}",
+      config=CONFIG,
+      overrides={**width(d), "model.moe.rule": rule, "train.seed": seed},
+      factors={"factor": "F", "d_model": d, "steps": STEPS, "rule": rule, "seed": seed},
+    )
+    for d in (256, 64)
+    for seed in (0, 1)
     for rule in CORE_RULES
   ]
 
