@@ -27,7 +27,7 @@ RULE_KEY = "model.moe.rule"
 LOSS = "eval_loss"
 GRID_TABLE = "eval/k_grid"
 GRID_HEATMAP = "eval/k_grid_heatmap"
-DIAGNOSTICS = {  # panel label: metric name under moe/ (DESIGN.md §6)
+DIAGNOSTICS = {  # panel label: metric name under moe/ (docs/design.md §6)
   "routed mass": "routed_mass",
   "load max/mean": "load_max_over_mean",
   "router entropy": "router_entropy",

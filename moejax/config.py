@@ -1,7 +1,7 @@
 """The run configuration: every key with its default, and the typed configs built from it.
 
 Config files under `configs/` start from `base_config()` and change what they need, so
-every run has every key (DESIGN.md §5.1) and `--config.a.b=v` can override any of them.
+every run has every key (docs/design.md §5.1) and `--config.a.b=v` can override any of them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Token dispatch to experts (DESIGN.md §3): dropless and capacity modes, over a table of
+"""Token dispatch to experts (docs/design.md §3): dropless and capacity modes, over a table of
 expert kernels.
 
 Both modes build a plan (`moejax.plans`): each (token, slot) assignment's row in an

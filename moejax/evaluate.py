@@ -2,7 +2,7 @@
 
 Evaluates a checkpoint at fewer experts (k1) under every normalization (k2) and the
 rescaling cells (`sqrt`, `gain`) on the held-out split. Writes DIR/eval/k_grid.{jsonl,md,png}
-for the latest checkpoint, or DIR/eval/step{N}/k_grid.* with --step N (DESIGN.md §7); the
+for the latest checkpoint, or DIR/eval/step{N}/k_grid.* with --step N (docs/design.md §7); the
 work is done by `moejax.kgrid`.
 """
 

@@ -1,4 +1,4 @@
-"""Decoder-only Transformer (DESIGN.md §5): pre-norm blocks, dense or MoE feed-forward.
+"""Decoder-only Transformer (docs/design.md §5): pre-norm blocks, dense or MoE feed-forward.
 
 Layer i is MoE iff `is_moe_layer(cfg, i)`; MoE placement follows `moe_every` (GShard) and
 `first_dense` (DeepSeek).

@@ -1,4 +1,4 @@
-"""The MoE block (DESIGN.md §4): router, routed SwiGLU experts, optional shared expert.
+"""The MoE block (docs/design.md §4): router, routed SwiGLU experts, optional shared expert.
 
 A thin Flax NNX shell around the pure functions of `routing` and `dispatch`. The router
 always runs in float32; experts run in the compute dtype.
@@ -29,7 +29,7 @@ EVAL_SECOND_EXPERT_SEED = 0
 
 
 class Diagnostics(NamedTuple):
-  """Per-layer float32 scalars over one call's tokens (DESIGN.md §6 metric names)."""
+  """Per-layer float32 scalars over one call's tokens (docs/design.md §6 metric names)."""
 
   drop_fraction: jax.Array
   load_max_over_mean: jax.Array
@@ -295,7 +295,7 @@ class MoEBlock(nnx.Module):
 def diagnostics(
   probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_T, used_TxK=None, k_T=None
 ) -> Diagnostics:
-  """DESIGN.md §6 per-layer diagnostics, all float32 scalars over this call's tokens. With
+  """docs/design.md §6 per-layer diagnostics, all float32 scalars over this call's tokens. With
   elastic-k's `used_TxK` and `k_T`, drops count among the assignments used, and mean_k is
   the mean k drawn (else the k of `experts_TxK`)."""
   load_E = jax.nn.one_hot(experts_TxK, probs_TxE.shape[-1], dtype=jnp.float32).sum((0, 1))

@@ -1,4 +1,4 @@
-"""Dispatch plans (DESIGN.md §3): where each (token, slot) assignment goes, and back.
+"""Dispatch plans (docs/design.md §3): where each (token, slot) assignment goes, and back.
 
 A plan is an integer map from each assignment to a row of an expert-sorted buffer and its
 inverse. Dropless plans pad each expert's run to the kernel's block granularity; capacity
@@ -160,7 +160,7 @@ def drop_order(
   scores_TxE: jax.Array,
   group_size: int,
 ) -> DropOrder:
-  """The capacity priority of a `drop_policy` (DESIGN.md §3):
+  """The capacity priority of a `drop_policy` (docs/design.md §3):
 
   * `position` (Switch, GShard): first choices before second choices, earlier tokens first.
   * `batch_priority` (V-MoE / flaxformer batch-prioritized routing): first choices before

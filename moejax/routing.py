@@ -1,4 +1,4 @@
-"""Router merge rules (DESIGN.md §2): scores, selection and the routed coefficients r_i.
+"""Router merge rules (docs/design.md §2): scores, selection and the routed coefficients r_i.
 
 Everything here is a pure, jit-able function of float32 router logits. Shapes and ranks
 are static, so all validation runs in Python at trace time and raises `ValueError`
@@ -295,7 +295,7 @@ def route(
   bias_E: jax.Array | None = None,
   train_k: int | None = None,
 ) -> Routing:
-  """Selects k experts per token and computes r_i = α·p_i (DESIGN.md §2).
+  """Selects k experts per token and computes r_i = α·p_i (docs/design.md §2).
 
   `k2` replaces the rule's normalization by p_i = s_i / Σ_{top-k2} s_j, the top-k2 taken
   in selection order (so k2 = k is the rule's own renormalization and k2 = E divides by

@@ -77,7 +77,7 @@ class Loads(NamedTuple):
 
 
 def moe_losses(routers: dict[int, RouterOut], lc: LossConfig, f_LxE: jax.Array | None = None):
-  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (DESIGN.md §5, §6)."""
+  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (docs/design.md §5, §6)."""
   metrics, balance, z, loads, counts = {}, [], [], [], []
   for j, (layer, ro) in enumerate(routers.items()):
     E = ro.probs.shape[-1]

@@ -1,4 +1,4 @@
-"""bf16 compute (`model.dtype=bfloat16`) trains like float32 (DESIGN.md §5; issue 17 item 4).
+"""bf16 compute (`model.dtype=bfloat16`) trains like float32 (docs/design.md §5; issue 17 item 4).
 
 The quickstart model (Mixtral rule, E = 8, K = 2, dropless, stdlib bytes), shrunk to 2
 layers of d_model 64 and 8 × 64 tokens per step, trains 60 steps from the same seed in

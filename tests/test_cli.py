@@ -1,4 +1,4 @@
-"""`python -m moejax.train` end to end (DESIGN.md §5, §6): outputs, user errors, resume guards.
+"""`python -m moejax.train` end to end (docs/design.md §5, §6): outputs, user errors, resume guards.
 
 Every run is a subprocess with wandb disabled. User errors must exit 2 with exactly one
 stderr line `error: ...` naming the key or file, and no traceback.

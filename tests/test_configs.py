@@ -26,7 +26,7 @@ from moejax.model import ModelConfig, Transformer, is_moe_layer
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 VOCAB_SIZE = 257  # the byte tokenizer's vocabulary
 
-# Preset file name -> the merge rule it must select (DESIGN.md §2).
+# Preset file name -> the merge rule it must select (docs/design.md §2).
 PRESET_RULES = {
   "switch": "switch",
   "gshard": "gshard",

@@ -1,8 +1,8 @@
-"""moejax.moe.MoEBlock against an independent NumPy forward pass (DESIGN.md §2, §4, §6).
+"""moejax.moe.MoEBlock against an independent NumPy forward pass (docs/design.md §2, §4, §6).
 
 The reference reads the block's own parameters and recomputes router scores, top-k, the
 rule's normalization, the SwiGLU experts, the shared expert and the diagnostics in float64,
-with the per-rule conventions written here from DESIGN.md's table.
+with the per-rule conventions written here from docs/design.md's table.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from moejax.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
 
 D, F, E, K, T, FS = 16, 8, 8, 2, 12, 8  # d_model, d_expert, experts, top_k, tokens, d_shared
 
-# DESIGN.md §2 rows for the rules tested here: (score, norm, alpha(K), shared).
+# docs/design.md §2 rows for the rules tested here: (score, norm, alpha(K), shared).
 CONVENTIONS = {
   "mixtral": ("softmax", "sum", lambda K: 1.0, "none"),
   "olmoe": ("softmax", "none", lambda K: 1.0, "none"),
@@ -44,7 +44,7 @@ AUX_KEYS = {
 
 
 def aux_of(ro: RouterOut) -> dict:
-  """The DESIGN.md §6 per-layer values from a RouterOut: its diagnostics plus the two
+  """The docs/design.md §6 per-layer values from a RouterOut: its diagnostics plus the two
   losses, computed as the trainer does (losses.py) on the whole call."""
   E_ = ro.probs.shape[-1]
   probs = ro.probs.reshape(1, -1, E_)

@@ -1,7 +1,7 @@
-"""moejax.routing against a plain-NumPy reference written from DESIGN.md §2.
+"""moejax.routing against a plain-NumPy reference written from docs/design.md §2.
 
 The reference (`ref_route`) is a per-token loop in float64 that takes the rule's fields as
-plain arguments (written from the table in DESIGN.md §2, never read from `RULES`), so every
+plain arguments (written from the table in docs/design.md §2, never read from `RULES`), so every
 convention is checked against an independent implementation, not against the code itself.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from moejax import routing
 from moejax.routing import RULES, MergeRule, get_rule, jitter, route, shared_coefficient, validate
 
-# DESIGN.md §2, one row per named rule. Fields not given take the dataclass defaults
+# docs/design.md §2, one row per named rule. Fields not given take the dataclass defaults
 # (lp=1.0, selection_bias=False, n_groups=topk_groups=1).
 _DEFAULTS = dict(lp=1.0, selection_bias=False, n_groups=1, topk_groups=1, group_score=None)
 TABLE = {
@@ -80,7 +80,7 @@ def ref_route(
   bias=None,
   train_k=None,
 ):
-  """DESIGN.md §2, one token at a time. Returns (experts [T,k], weights [T,k], s [T,E],
+  """docs/design.md §2, one token at a time. Returns (experts [T,k], weights [T,k], s [T,E],
   kept_groups: list of sets of group ids (all groups when n_groups == 1))."""
   logits = np.asarray(logits, np.float64)
   n_tok, E = logits.shape
@@ -127,7 +127,7 @@ def ref_route(
 
 
 def expected_valid(row: dict, E: int, k: int) -> bool:
-  """Validity from DESIGN.md §2 (k <= E, groups divide E, k fits in the kept groups)."""
+  """Validity from docs/design.md §2 (k <= E, groups divide E, k fits in the kept groups)."""
   if not 1 <= k <= E:
     return False
   if row["n_groups"] > 1:

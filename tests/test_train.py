@@ -1,4 +1,4 @@
-"""The training loop and the train step (DESIGN.md §5): resume, accumulation, bias update.
+"""The training loop and the train step (docs/design.md §5): resume, accumulation, bias update.
 
 In-process, on tiny configs. The trainer jits fresh closures in every `trainer.train`
 call, so this module turns on JAX's persistent compilation cache (runs and steps with the

@@ -1,4 +1,4 @@
-"""The k1:k2 grid (DESIGN.md §7): a checkpoint evaluated at fewer experts (k1) under other
+"""The k1:k2 grid (docs/design.md §7): a checkpoint evaluated at fewer experts (k1) under other
 normalizations (k2) and post-hoc rescalings (`sqrt`, `gain`).
 
     cells.py    which cells to run: k1/k2 labels, parsing, deduplication

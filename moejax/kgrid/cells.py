@@ -1,4 +1,4 @@
-"""Which cells a grid runs: k1 values, k2 labels, and their resolution per k1 (DESIGN.md §7).
+"""Which cells a grid runs: k1 values, k2 labels, and their resolution per k1 (docs/design.md §7).
 
 k1 is the number of experts activated at inference. k2 is an integer denominator override
 (p_i = s_i / Σ_{top-k2} s_j), `native` (the trained rule's own normalization), or one of the
@@ -41,7 +41,7 @@ RESCALINGS: dict[str, Rescaling] = {
   "gain": Rescaling(gain.gain_cell, column="gain", calibrated=True),
 }
 LABELS = (NATIVE, *NAMED_K2, *RESCALINGS)
-DEFAULT_K2 = "native,k1,K,2K,E"  # DESIGN.md §7
+DEFAULT_K2 = "native,k1,K,2K,E"  # docs/design.md §7
 
 Cell = tuple[int, int | str]  # (k1, k2): k2 an int, "native", "sqrt" or "gain"
 

@@ -1,4 +1,4 @@
-"""The rescaling cells of the grid (DESIGN.md §7): `sqrt` and the fitted per-layer `gain`.
+"""The rescaling cells of the grid (docs/design.md §7): `sqrt` and the fitted per-layer `gain`.
 
 Both multiply the routed output Σ r_i·Expert_i(x) of each MoE layer by a scalar c_l (the
 shared expert is left alone: its coefficient does not depend on k1). For rules without a

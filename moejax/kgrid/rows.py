@@ -1,4 +1,4 @@
-"""One JSON row per grid cell (DESIGN.md §7 plus the issue-7 mass and RMS columns).
+"""One JSON row per grid cell (docs/design.md §7 plus the issue-7 mass and RMS columns).
 
 Row keys: `k1`, `k2`, `loss`, `accuracy`, `delta`, `delta_ci95`, `p_value`, `n_sequences`,
 `loss_per_sequence` (mean loss of each evaluated sequence, in order, rounded to 1e-6: any
@@ -8,11 +8,11 @@ per MoE layer and averaged over layers (`X` and `X_per_layer`):
   `mass_K`       Σ of the top-K scores, K the trained top-k
   `mass_k2`      the denominator actually used (k2's top-k2 mass; native: the rule's own,
                  1 for norm=none)
-  `coef_sum`     Σ r_i, α included (`routed_mass`, DESIGN.md §6's name, is the same value)
+  `coef_sum`     Σ r_i, α included (`routed_mass`, docs/design.md §6's name, is the same value)
   `shared_coef`  mean shared coefficient c(x)
   `routed_rms`   RMS of Σ r_i·Expert_i(x) (after the `sqrt`/`gain` scale)
   `moe_rms`      RMS of the whole MoE branch, routed + shared
-  `gain`         routed_rms / routed_rms of native k1 = K (DESIGN.md §7)
+  `gain`         routed_rms / routed_rms of native k1 = K (docs/design.md §7)
   `moe_gain`     moe_rms / moe_rms of native k1 = K
 and for the rescaling cells `scale` / `scale_per_layer`: the c_l applied.
 """

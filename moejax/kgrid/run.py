@@ -1,4 +1,4 @@
-"""run_grid: every cell of a checkpoint's k1:k2 grid, written to DIR/eval/ (DESIGN.md §7).
+"""run_grid: every cell of a checkpoint's k1:k2 grid, written to DIR/eval/ (docs/design.md §7).
 
 Without `step` the latest checkpoint is evaluated into DIR/eval/k_grid.{jsonl,md,png}; with
 `step=N`, checkpoint N into DIR/eval/step{N}/. Deltas are paired per sequence against the

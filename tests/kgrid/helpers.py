@@ -1,4 +1,4 @@
-"""Shared pieces of the k1:k2 grid tests (DESIGN.md §2 k2 override, §7): the tiny run's
+"""Shared pieces of the k1:k2 grid tests (docs/design.md §2 k2 override, §7): the tiny run's
 config, run-directory and CLI helpers, and a NumPy forward pass written here from the
 parameters alone, with its own routing formula (no moejax.routing, no MoE block), that cell
 losses are checked against."""
@@ -97,7 +97,7 @@ def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedPr
   return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-# Bad invocations (DESIGN.md §7 CLI): each must exit 2 with one `error:` line naming the
+# Bad invocations (docs/design.md §7 CLI): each must exit 2 with one `error:` line naming the
 # problem (the expected substring), on a real trained run unless the case is about the dir.
 BAD = {
   "k1_above_E": (["--k1", "99"], "--k1"),
@@ -147,7 +147,7 @@ def _silu(x):
 
 
 def my_routing(z_TxE, bias_E, rule: dict, k1: int, k2, train_k: int = K):
-  """(experts_Txk1, r_Txk1, masses) from logits by DESIGN.md §2, written out by hand.
+  """(experts_Txk1, r_Txk1, masses) from logits by docs/design.md §2, written out by hand.
 
   Selection order: the (bias-shifted, group-masked) keys, best first; experts outside the
   kept groups come after every kept one, by their score. k2 sums the scores of the first
@@ -231,7 +231,7 @@ def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, 
   return out | {name: [m[name] for m in masses] for name in ("mass_k1", "mass_K", "mass_k2")}
 
 
-RULES = {  # DESIGN.md §2 rows, written out (not read from moejax.routing)
+RULES = {  # docs/design.md §2 rows, written out (not read from moejax.routing)
   "mixtral": {"score": "softmax", "norm": "sum"},
   "olmoe": {"score": "softmax", "norm": "none"},
   "deepseek_v3": {
