@@ -127,3 +127,26 @@ def loss_vs_active(curves_by_rule: dict[str, dict[str, list]], path: pathlib.Pat
     ax.set_ylabel("held-out loss (nats/token)")
     ax.legend(fontsize=7)
   save(fig, path)
+
+
+def against_params(panels: dict[str, dict[str, list[tuple]]], path: pathlib.Path) -> None:
+  """H9: one panel per quantity, one line per k1; points (params, mean, lo, hi), x log."""
+  n = len(panels)
+  fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.6), squeeze=False)
+  for ax, (title, lines) in zip(axes.flat, panels.items()):
+    for label, pts in lines.items():
+      if pts:
+        ax.errorbar(
+          [p[0] for p in pts],
+          [p[1] for p in pts],
+          yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+          marker="o",
+          capsize=2,
+          label=label,
+        )
+    ax.set_xscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("non-embedding parameters")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.legend(fontsize=7)
+  save(fig, path)

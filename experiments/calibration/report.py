@@ -19,6 +19,7 @@ import elastic
 import figures
 import hypotheses
 import results as res
+import scale
 import sweep as sweep_file
 import tables
 
@@ -79,6 +80,7 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
     tables.native_losses(runs),
     hypotheses.statements(pan, best, PANEL_K1, VARIANT_TEXT),
     elastic.statements(study),
+    scale.statements(runs),
   ]
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
@@ -108,6 +110,14 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
       "native cell; `best fix` is chosen per k1 on the same held-out data, so it is "
       "optimistic); the mean over seeds, bars the range of the seed means (H7 and H8 give "
       "the CIs of the differences, paired by seed and sequence).\n"
+    )
+  trend = scale.figure_panels(runs)
+  if trend:
+    figures.against_params(trend, fig_dir / "scale.png")
+    parts.append(
+      "![H9 against parameters](figures/scale.png)\n\nH9 (factor F): at 600 steps, each "
+      "quantity against non-embedding parameters (d_model 64, 128, 256), one line per k1; "
+      "seed-level mean and 95% CI (the kept fraction: bootstrap over sequences and seeds).\n"
     )
   parts += [tables.grid_section(title, rs) for title, rs in pan.items()]
   parts.append(tables.limits())
