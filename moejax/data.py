@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import grain
 import ml_collections
@@ -105,6 +106,58 @@ def windows(stream_T: np.ndarray, seq_len: int) -> np.ndarray:
   return stream_T[: n * (seq_len + 1)].reshape(n, seq_len + 1)
 
 
+def check_heldout(n_windows: int, n_tokens: int, seq_len: int) -> None:
+  """A UserError unless the held-out stream holds at least one window to evaluate."""
+  if n_windows < 1:
+    raise UserError(
+      f"held-out stream has {n_tokens} tokens, < one window of data.seq_len+1={seq_len + 1}; "
+      "raise data.holdout_fraction or lower data.seq_len"
+    )
+
+
+class Stream(NamedTuple):
+  """Documents encoded and packed, and cut into windows."""
+
+  tokens_T: np.ndarray  # int32, EOS after each document, in document order
+  windows_NxL1: np.ndarray  # its non-overlapping [N, seq_len + 1] windows, in stream order
+
+
+def encode(tok: Tokenizer, docs: Sequence[str], seq_len: int) -> Stream:
+  """`docs` encoded with `tok`, packed with EOS (`pack`) and cut into windows (`windows`)."""
+  tokens_T = pack(tok.encode_batch(docs), tok.eos_id)
+  return Stream(tokens_T, windows(tokens_T, seq_len))
+
+
+class Split(NamedTuple):
+  """The corpus split by document, the tokenizer, and the held-out windows."""
+
+  tokenizer: Tokenizer
+  corpus: CorpusInfo
+  train_docs: list[str]  # left unencoded: the evaluator never needs their tokens
+  n_heldout_docs: int
+  heldout: Stream
+
+
+def split_corpus(data_cfg: Any, workdir: str | None) -> Split:
+  """Load the corpus of a full data config, split it by document (`heldout_mask`), build the
+  tokenizer (fitted on the train docs, or a BPE read from `workdir`'s cache) and encode the
+  held-out docs. The one source of held-out windows: the trainer's eval (`make_data`) and
+  the k-grid (`kgrid.loading`) both read theirs from here."""
+  docs, info = load_corpus(data_cfg)
+  held_N = heldout_mask(docs, data_cfg.holdout_fraction, data_cfg.split_seed)
+  train_docs = [d for d, h in zip(docs, held_N) if not h]
+  held_docs = [d for d, h in zip(docs, held_N) if h]
+  tok = build_tokenizer(
+    data_cfg,
+    train_docs,
+    info.sha256,
+    workdir,
+    is_main=distributed.is_main,
+    barrier=distributed.barrier,
+  )
+  return Split(tok, info, train_docs, len(held_docs), encode(tok, held_docs, data_cfg.seq_len))
+
+
 def unigram_entropy(stream_T: np.ndarray, vocab_size: int) -> float:
   """Entropy (nats/token) of the stream's unigram distribution: a context-free model's loss."""
   counts_V = np.bincount(stream_T, minlength=vocab_size).astype(np.float64)
@@ -142,7 +195,7 @@ class TrainIterator:
     ds = ds[shard.index :: shard.count]
     self._it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=8)))
 
-  def __iter__(self) -> "TrainIterator":
+  def __iter__(self) -> TrainIterator:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -195,12 +248,7 @@ class Data:
     if n_sequences < 1 or batch_size < 1:
       raise UserError(f"eval n_sequences={n_sequences}, batch_size={batch_size}: need >= 1")
     have = self.heldout_windows.shape[0]
-    if have < 1:
-      raise UserError(
-        f"held-out stream has {self.heldout_tokens} tokens, "
-        f"< one window of data.seq_len+1={self.seq_len + 1}; "
-        "raise data.holdout_fraction or lower data.seq_len"
-      )
+    check_heldout(have, self.heldout_tokens, self.seq_len)
     if have < n_sequences:
       log.warning(
         "held-out stream has %d windows of %d tokens, < the %d requested; using %d",
@@ -229,41 +277,30 @@ class Data:
 def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
   """Load the corpus, split it by document, fit the tokenizer on train docs, pack both streams."""
   data_cfg = complete(data_cfg)
-  batch_size, seq_len, frac, split_seed = validate_config(data_cfg)
-  docs, info = load_corpus(data_cfg)
-  held_N = heldout_mask(docs, frac, split_seed)
-  train_docs = [d for d, h in zip(docs, held_N) if not h]
-  held_docs = [d for d, h in zip(docs, held_N) if h]
-  tok = build_tokenizer(
-    data_cfg,
-    train_docs,
-    info.sha256,
-    workdir,
-    is_main=distributed.is_main,
-    barrier=distributed.barrier,
-  )
-  train_T = pack(tok.encode_batch(train_docs), tok.eos_id)
-  held_T = pack(tok.encode_batch(held_docs), tok.eos_id)
-  train_w = windows(train_T, seq_len)
-  if train_w.shape[0] < batch_size:
+  batch_size, seq_len, _, _ = validate_config(data_cfg)
+  split = split_corpus(data_cfg, workdir)
+  tok, held = split.tokenizer, split.heldout
+  train = encode(tok, split.train_docs, seq_len)
+  n_train = train.windows_NxL1.shape[0]
+  if n_train < batch_size:
     raise UserError(
-      f"train stream has {len(train_T)} tokens = {train_w.shape[0]} windows of "
+      f"train stream has {len(train.tokens_T)} tokens = {n_train} windows of "
       f"data.seq_len+1={seq_len + 1}, < one batch of data.batch_size={batch_size}; "
       "use more documents or a smaller data.seq_len or data.batch_size"
     )
   return Data(
     tokenizer=tok,
-    corpus=info,
-    train_tokens=int(len(train_T)),
-    heldout_tokens=int(len(held_T)),
-    unigram_entropy=unigram_entropy(train_T, tok.vocab_size),
+    corpus=split.corpus,
+    train_tokens=len(train.tokens_T),
+    heldout_tokens=len(held.tokens_T),
+    unigram_entropy=unigram_entropy(train.tokens_T, tok.vocab_size),
     seq_len=seq_len,
     batch_size=batch_size,
     seed=int(seed),
-    train_windows=train_w,
-    heldout_windows=windows(held_T, seq_len),
-    n_train_docs=len(train_docs),
-    n_heldout_docs=len(held_docs),
+    train_windows=train.windows_NxL1,
+    heldout_windows=held.windows_NxL1,
+    n_train_docs=len(split.train_docs),
+    n_heldout_docs=split.n_heldout_docs,
   )
 
 

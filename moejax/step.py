@@ -219,16 +219,43 @@ def update_router_bias(graphdef, params, router, loads_LxE: jax.Array, rate: flo
   return nnx.state(model, RouterBias)
 
 
+class EvalOut(NamedTuple):
+  """One held-out batch through the model: per-sequence means and every MoE layer's router."""
+
+  loss_B: jax.Array  # mean next-token cross-entropy of each sequence
+  accuracy_B: jax.Array
+  routers: dict[int, RouterOut]  # by layer index
+
+
+def eval_forward(
+  graphdef,
+  params,
+  router,
+  tokens_BxL1: jax.Array,
+  *,
+  k: int | None = None,
+  k2: int | None = None,
+  routed_scale_M: jax.Array | None = None,
+) -> EvalOut:
+  """The eval forward shared by training's held-out loss (`make_eval_step`) and the k-grid
+  (`kgrid.forward`): no dropout or noise, next-token loss and accuracy per sequence. `k`,
+  `k2`, `routed_scale_M`: the grid's cell (docs/design.md §7); None is the trained rule."""
+  model = nnx.merge(graphdef, params, router)
+  logits_BxLxV, routers = model(
+    tokens_BxL1[:, :-1], k=k, k2=k2, train=False, routed_scale_M=routed_scale_M
+  )
+  _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
+  acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
+  return EvalOut(loss_BxL.mean(-1), acc_BxL.mean(-1), routers)
+
+
 def make_eval_step(graphdef, *, k: int | None = None, k2: int | None = None):
   """eval_step(params, router, tokens_BxL1) -> per-sequence loss, accuracy and MoE aux."""
 
   def eval_step(params, router, tokens_BxL1: jax.Array):
-    model = nnx.merge(graphdef, params, router)
-    logits_BxLxV, routers = model(tokens_BxL1[:, :-1], k=k, k2=k2, train=False)
-    _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
-    acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
-    aux = {layer: ro.diag._asdict() for layer, ro in routers.items()}
-    return {"loss_B": loss_BxL.mean(-1), "accuracy_B": acc_BxL.mean(-1), "aux": aux}
+    out = eval_forward(graphdef, params, router, tokens_BxL1, k=k, k2=k2)
+    aux = {layer: ro.diag._asdict() for layer, ro in out.routers.items()}
+    return {"loss_B": out.loss_B, "accuracy_B": out.accuracy_B, "aux": aux}
 
   return eval_step
 

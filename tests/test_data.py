@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 
 from moejax import corpora, tokenizer
-from moejax.data import complete, heldout_mask, make_data, pack, unigram_entropy, windows
+from moejax.data import (
+  check_heldout,
+  complete,
+  heldout_mask,
+  make_data,
+  pack,
+  split_corpus,
+  unigram_entropy,
+  windows,
+)
 from moejax.errors import UserError
 
 
@@ -117,6 +126,30 @@ def test_eval_batches_are_the_first_heldout_windows(caplog):
   )
   with pytest.raises(UserError, match="data.seq_len"):
     tiny.eval_batches(4, 2)
+
+
+def test_split_corpus_heldout_windows_are_the_heldout_docs_in_order():
+  """The one source of held-out windows (trainer and k-grid): the held-out docs' bytes, each
+  followed by EOS, in corpus order, cut into rows of seq_len + 1 (tail dropped): built here
+  with a loop."""
+  c = complete(cfg(holdout_fraction=0.2))
+  docs, _ = corpora.load_corpus(c)
+  split = split_corpus(c, None)
+  eos = split.tokenizer.eos_id
+  stream = []
+  for doc, held in zip(docs, heldout_mask(docs, 0.2)):
+    if held:
+      stream += list(doc.encode("utf-8")) + [eos]
+  width = c.seq_len + 1
+  rows = [stream[i : i + width] for i in range(0, len(stream) - width + 1, width)]
+  np.testing.assert_array_equal(split.heldout.tokens_T, stream)
+  np.testing.assert_array_equal(split.heldout.windows_NxL1, np.array(rows, np.int32))
+  data = make_data(c, seed=0, workdir=None)
+  np.testing.assert_array_equal(data.heldout_windows, split.heldout.windows_NxL1)
+  assert data.heldout_tokens == len(stream) and data.n_heldout_docs == split.n_heldout_docs
+  check_heldout(1, width, c.seq_len)
+  with pytest.raises(UserError, match=r"has 5 tokens, < one window of data.seq_len\+1=33"):
+    check_heldout(0, 5, c.seq_len)
 
 
 def test_packing_and_entropy():

@@ -12,10 +12,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from moejax import losses
 from moejax.moe import EvalDiagnostics, RouterOut
+from moejax.step import eval_forward
 
 # Per-layer block diagnostics averaged over sequences; `*_rms` are averaged as mean squares.
 LAYER_STATS = (
@@ -44,18 +43,17 @@ def _stat(ro: RouterOut, name: str) -> jax.Array:
 
 def _make_forward(graphdef, k1: int, with_k2: bool):
   def forward(params, router, tokens_BxL1, k2, scale_M):
-    model = nnx.merge(graphdef, params, router)
-    logits_BxLxV, routers = model(
-      tokens_BxL1[:, :-1],
+    out = eval_forward(
+      graphdef,
+      params,
+      router,
+      tokens_BxL1,
       k=k1,
       k2=k2 if with_k2 else None,
-      train=False,
       routed_scale_M=scale_M,
     )
-    _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
-    acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
-    stats = {n: jnp.stack([_stat(ro, n) for ro in routers.values()]) for n in LAYER_STATS}
-    return loss_BxL.mean(-1), acc_BxL.mean(-1), stats
+    stats = {n: jnp.stack([_stat(ro, n) for ro in out.routers.values()]) for n in LAYER_STATS}
+    return out.loss_B, out.accuracy_B, stats
 
   return forward
 

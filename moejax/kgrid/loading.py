@@ -13,14 +13,12 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax import checkpoint, distributed
+from moejax import checkpoint
 from moejax import config as config_lib
 from moejax import data as data_lib
 from moejax.build import abstract_model
-from moejax.corpora import load_corpus
 from moejax.errors import UserError
 from moejax.moe import RouterBias
-from moejax.tokenizer import build_tokenizer
 
 
 class EvalRun(NamedTuple):
@@ -45,27 +43,13 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def heldout_windows(c: ml_collections.ConfigDict, workdir: str) -> tuple[np.ndarray, int]:
-  """(held-out windows [N, seq_len+1], vocab size): the same windows, in the same order, as
-  the trainer's `Data.eval_batches`; only the held-out documents are encoded."""
-  docs, info = load_corpus(c.data)
-  held_N = data_lib.heldout_mask(docs, c.data.holdout_fraction, c.data.split_seed)
-  train_docs = [d for d, h in zip(docs, held_N) if not h]  # read only to train a missing BPE
-  tok = build_tokenizer(
-    c.data,
-    train_docs,
-    info.sha256,
-    workdir,
-    is_main=distributed.is_main,
-    barrier=distributed.barrier,
-  )
-  stream_T = data_lib.pack(tok.encode_batch([d for d, h in zip(docs, held_N) if h]), tok.eos_id)
-  windows_NxL1 = data_lib.windows(stream_T, c.data.seq_len)
-  if windows_NxL1.shape[0] < 1:
-    raise UserError(
-      f"held-out stream has {len(stream_T)} tokens, < one window of data.seq_len+1="
-      f"{c.data.seq_len + 1}; raise data.holdout_fraction or lower data.seq_len"
-    )
-  return windows_NxL1, tok.vocab_size
+  """(held-out windows [N, seq_len+1], vocab size): the trainer's own (`data.split_corpus`),
+  so the same windows in the same order as its `Data.eval_batches`; the training documents
+  are not encoded."""
+  split = data_lib.split_corpus(c.data, workdir)
+  held = split.heldout
+  data_lib.check_heldout(held.windows_NxL1.shape[0], len(held.tokens_T), c.data.seq_len)
+  return held.windows_NxL1, split.tokenizer.vocab_size
 
 
 def load_run(workdir: str, c: ml_collections.ConfigDict, step: int | None) -> EvalRun:
