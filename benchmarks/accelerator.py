@@ -188,8 +188,7 @@ def run_arm(args, arm: Arm) -> dict:
   """Builds, compiles and times the arm's train step as moejax.train runs it."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from moejax import config as config_lib  # pylint: disable=import-outside-toplevel
-  from moejax import distributed, flops, sharding, trainer  # pylint: disable=import-outside-toplevel
+  from moejax import build, distributed, flops, sharding, trainer  # pylint: disable=import-outside-toplevel
 
   c = arm_config(args, arm)
   run = trainer.build(c, workdir=None)
@@ -208,7 +207,7 @@ def run_arm(args, arm: Arm) -> dict:
     return box[0], metrics
 
   step_s = interleaved_min({"step": step}, args.repeats)["step"]
-  mc = config_lib.model_config(c, run.data.tokenizer.vocab_size)
+  mc = build.model_config(c, run.data.tokenizer.vocab_size)
   perf = flops.Perf.for_run(mc, c.data.seq_len)
   tokens_per_s = c.data.batch_size * c.data.seq_len / step_s
   metrics = flops.perf_metrics(perf, tokens_per_s)

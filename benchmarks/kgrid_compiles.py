@@ -15,8 +15,8 @@ import time
 import jax
 import numpy as np
 
+from moejax import build
 from moejax import step as step_lib
-from moejax.config import moe_config
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import loading
 from moejax.kgrid.forward import CellForward
@@ -48,7 +48,7 @@ def main() -> None:
   c = loading.load_config(args.workdir)
   K, E = c.model.moe.top_k, c.model.moe.n_experts
   k1s = cells_lib.parse_k1(args.k1, K, E)
-  norm = moe_config(c).merge_rule.norm != "none"
+  norm = build.moe_config(c).merge_rule.norm != "none"
   cells, _ = cells_lib.cells(k1s, cells_lib.parse_k2(args.k2, K, E, k1s), K, E, normalizes=norm)
   ev = loading.load_run(args.workdir, c, None)
   w = ev.heldout_NxL1[: args.sequences]

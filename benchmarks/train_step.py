@@ -24,7 +24,7 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 from common import interleaved_min
 
-from moejax import sharding, trainer
+from moejax import build, sharding, trainer
 from moejax import step as step_lib
 
 
@@ -78,7 +78,7 @@ def _memory(fn, *args) -> tuple[int, int]:
 
 def jitted_step(c) -> Built:
   run = trainer.build(c, workdir=None)
-  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   args = (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))
   t = time.perf_counter()

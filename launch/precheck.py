@@ -31,9 +31,9 @@ PLACEHOLDER = re.compile(r"YOUR_[A-Z_]+|<[A-Za-z_ -]+>|CHANGE_?ME")
 def run_config(sweep: Sweep, run: RunSpec) -> ml_collections.ConfigDict:
   """The config `moejax.train` will see: the run's file with the launcher's and the run's
   overrides (`commands.overrides`) set."""
-  from moejax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from moejax import cli  # pylint: disable=import-outside-toplevel
 
-  c = config_lib.load_file(run.config)
+  c = cli.load_file(run.config)
   for key, value in commands.overrides(sweep, run).items():
     *path, last = key.split(".")
     node = c

@@ -40,6 +40,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import build, dispatch, optim, sharding, trainer, worksheet
+from moejax import config as config_lib
 from moejax import step as step_lib
 from moejax.errors import UserError
 from moejax.kgrid.forward import CellForward
@@ -255,8 +256,6 @@ def _with_shardings(tree, shardings):
 
 def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
   """The trainer's Run on `target`, built from the config alone (trainer.build's state)."""
-  from moejax import config as config_lib  # pylint: disable=import-outside-toplevel
-
   config_lib.validate(c)
   mesh = trainer.check_config(c, target_mesh(c, target))
   vocab, _ = worksheet.nominal_vocab(c)
@@ -269,7 +268,7 @@ def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
     "opt_state": jax.eval_shape(tx.init, params),
   }
   state = _with_shardings(state, sharding.state_sharding(state, mesh))
-  n_params, n_active = trainer.count_params(params, config_lib.model_config(c, vocab).moe)
+  n_params, n_active = build.count_params(params, build.model_config(c, vocab).moe)
   data = NominalData(_Tokenizer(vocab))
   run = trainer.Run(c, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
   tokens = jax.ShapeDtypeStruct(

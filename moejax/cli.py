@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by `moejax.train` and `moejax.evaluate`.
+"""Command-line plumbing shared by `moejax.train`, `moejax.evaluate` and `moejax.describe`:
+flag parsing, config files (`load_file`), one-line errors and exit codes.
 
 User errors (bad config values, unknown keys, missing files) print one line and exit 2;
 anything else is a bug and keeps its traceback.
@@ -6,11 +7,14 @@ anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
+import types
 from typing import Callable
 
+import ml_collections
 from absl import flags
 
 from moejax.errors import UserError
@@ -42,16 +46,21 @@ def _unknown_key(argv: list[str], cfg) -> str | None:
   return None
 
 
-def parse_flags(argv: list[str], config_flag=None) -> None:
+def parse_flags(argv: list[str], config_flag=None, example: str = "configs/quickstart.py") -> None:
   """Parses absl flags, and loads `config_flag` (ml_collections loads lazily), turning
-  every parse or load problem into a one-line exit 2. The config file is first loaded by
-  `config.load_file`, which names the file for a syntax error, a bad `:arg` or a
-  get_config that raises."""
+  every parse or load problem into a one-line exit 2. With `config_flag`, `--config` is
+  required (`example`: a file to suggest), and its file is first loaded by `load_file`,
+  which names the file for a syntax error, a bad `:arg` or a get_config that raises."""
   spec = config_path(argv) if config_flag is not None else None
+  override = next((a for a in argv if a.startswith("--config.")), None)
+  if config_flag is not None and spec is None and override:  # absl: "Unknown ... flag"
+    fail(f"--config is required, e.g. --config {example} ({override} overrides a key of it)")
   base = _load(spec) if spec is not None else None
   try:
     flags.FLAGS(argv)
-    if config_flag is not None and config_flag.value is not None:
+    if config_flag is not None and config_flag.value is None:
+      fail(f"--config is required, e.g. --config {example}")
+    if config_flag is not None:
       config_flag.value.keys()  # a failed load only raises on first use
   except flags.Error as e:
     fail(e)
@@ -66,14 +75,48 @@ def parse_flags(argv: list[str], config_flag=None) -> None:
     )
 
 
-def _load(spec: str):
+def _load(spec: str) -> ml_collections.ConfigDict:
   """The config file alone (no overrides), or a one-line exit 2 naming the file."""
-  from moejax import config  # pylint: disable=import-outside-toplevel
-
   try:
-    return config.load_file(spec)
+    return load_file(spec)
   except UserError as e:
     fail(e)
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """The config of `path[:arg]` (a `get_config([arg])` file); every way it can fail is a
+  one-line UserError naming the file: missing, a syntax error, an import or get_config
+  that raises, an argument it does not take, a result that is not a ConfigDict."""
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise UserError(f"cannot load --config {spec}: no such file {path}")
+  with open(path) as f:
+    source = f.read()
+  try:
+    code = compile(source, path, "exec")
+  except SyntaxError as e:
+    raise UserError(f"--config {path}:{e.lineno}: syntax error ({e.msg})") from None
+  module = types.ModuleType("_moejax_config")
+  module.__file__ = path
+  try:
+    exec(code, module.__dict__)  # pylint: disable=exec-used
+  except Exception as e:  # anything a config module's top level can raise
+    raise UserError(f"--config {path}: loading it raised {type(e).__name__}: {e}") from None
+  get_config = getattr(module, "get_config", None)
+  if not callable(get_config):
+    raise UserError(f"--config {path}: defines no get_config()")
+  if arg and not inspect.signature(get_config).parameters:
+    raise UserError(f"--config {spec}: get_config() of {path} takes no argument; drop ':{arg}'")
+  try:
+    c = get_config(arg) if arg else get_config()
+  except Exception as e:  # a config's own check, e.g. study_renorm's unknown rule
+    raise UserError(f"--config {spec}: get_config raised {type(e).__name__}: {e}") from None
+  if not isinstance(c, ml_collections.ConfigDict):
+    raise UserError(
+      f"--config {spec}: get_config() returned {type(c).__name__}; it must return an "
+      "ml_collections.ConfigDict (e.g. moejax.config.base_config() with changes)"
+    )
+  return c
 
 
 def config_path(argv: list[str]) -> str | None:

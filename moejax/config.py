@@ -1,32 +1,56 @@
-"""The run configuration: every key with its default, and the typed configs built from it.
+"""The run configuration's schema: every key with its default, and the checks of a config
+against it (keys, types, ranges) before anything is built.
 
 Config files under `configs/` start from `base_config()` and change what they need, so
 every run has every key (docs/design.md §5.1) and `--config.a.b=v` can override any of them.
+The `model.moe` and `loss` defaults are the dataclasses' own (`moe.MoEConfig`,
+`step.LossConfig`); `moejax.build` turns a config into those dataclasses and the model,
+`moejax.cli.load_file` loads a config file, `moejax.workdir` reads a saved one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import json
-import os
-import types
 
 import ml_collections
 from ml_collections import config_dict
 
+from moejax import build
 from moejax import data as data_lib
-from moejax import routing, runio
-from moejax import step as step_lib
 from moejax.errors import UserError, check_choice
 from moejax.kgrid import cells
-from moejax.model import ModelConfig
 from moejax.moe import MoEConfig
+from moejax.step import LossConfig
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
-# Rule fields settable as `model.moe.<field>` (n_groups/topk_groups: 0 means unset).
-RULE_OVERRIDES = ("score", "norm", "lp", "scale", "shared", "selection_bias", "group_score")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def _config_default(field: dataclasses.Field):
+  """A dataclass field's default as a config value: None (unset) is 0, since a ConfigDict
+  key keeps its default's type (`model.moe.group_size=0`: all tokens)."""
+  if field.default is dataclasses.MISSING:
+    raise TypeError(f"{field.name} has no default to write into base_config()")
+  return 0 if field.default is None else field.default
+
+
+def moe_defaults() -> dict:
+  """`model.moe`: MoEConfig's fields and defaults (moejax/moe.py says what each means),
+  less those copied from `model.*`, and the merge rule's keys, unset (`routing.compose_rule`):
+  `n_groups`/`topk_groups` 0, the others None."""
+  fields = dataclasses.fields(MoEConfig)
+  out = {f.name: _config_default(f) for f in fields if f.name not in build.MOE_FROM_MODEL}
+  out.update(dict.fromkeys(build.RULE_COUNTS, 0))
+  out.update({f: config_dict.placeholder(object) for f in build.RULE_OVERRIDES})
+  return out
+
+
+def loss_defaults() -> dict:
+  """`loss`: LossConfig's defaults, less its fields that come from the run (`n_shards`,
+  `grad_accum`). `balance_convention`: losses.BALANCE_CONVENTIONS, `balance_choices`:
+  losses.BALANCE_CHOICES."""
+  fields = dataclasses.fields(LossConfig)
+  return {f.name: _config_default(f) for f in fields if f.name not in build.LOSS_FROM_RUN}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -53,45 +77,9 @@ def base_config() -> ml_collections.ConfigDict:
     moe_every=1,
     first_dense=0,
     not_modelled="",  # what the source architecture has that this model lacks (worksheet)
-    moe=dict(
-      rule="mixtral",
-      n_experts=8,
-      top_k=2,
-      d_expert=128,
-      d_shared=0,
-      dispatch="dropless",
-      capacity_factor=1.25,
-      eval_capacity_factor=2.0,
-      min_capacity=4,
-      drop_policy="position",
-      group_size=0,
-      second_expert="all",
-      eval_second_expert="same",  # "same": the random second expert at eval too; "all"
-      impl="auto",
-      block_size=32,
-      jitter_eps=0.0,
-      expert_init_std=0.0,  # routed experts' init std; 0: model.init_std
-      n_groups=0,  # 0: the rule's own grouping
-      topk_groups=0,
-      # elastic-k training (moejax.elastic): fixed | uniform | schedule; step | layer | token;
-      # what the routed weights are divided by, k (the used experts) | K (the top-K mass)
-      train_k="fixed",
-      train_k_min=1,
-      train_k_scope="layer",
-      train_k2="k",
-      train_k_schedule="",  # "step:k,step:k,..." for train_k=schedule
-      # Merge-rule fields; None (unset): the named rule's value (routing.compose_rule).
-      **{f: config_dict.placeholder(object) for f in RULE_OVERRIDES},
-    ),
+    moe=moe_defaults(),
   )
-  c.loss = dict(
-    balance_weight=0.01,
-    balance_granularity="global_batch",
-    balance_convention="fraction",  # losses.BALANCE_CONVENTIONS
-    balance_choices="all",  # losses.BALANCE_CHOICES
-    z_loss_weight=0.001,
-    bias_update_rate=0.0,
-  )
+  c.loss = loss_defaults()
   c.data = data_lib.default_config().to_dict()
   c.data.update(batch_size=16, seq_len=128)
   c.train = dict(
@@ -136,68 +124,6 @@ def preset_base() -> ml_collections.ConfigDict:
   c.train.update(steps=300, eval_every=100, ckpt_every=100)
   c.optim.update(warmup_steps=30)
   return c
-
-
-def _build(cls, node: ml_collections.ConfigDict, **overrides):
-  """A config dataclass from the section's keys of the same names, plus `overrides`."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: v for k, v in node.items() if k in names and k not in overrides}, **overrides)
-
-
-def merge_rule(c: ml_collections.ConfigDict) -> routing.MergeRule:
-  """The resolved rule: `model.moe.rule` with every set `model.moe.<field>` applied."""
-  m = c.model.moe
-  overrides = {f: m[f] for f in RULE_OVERRIDES if m.get(f) is not None}
-  overrides.update({f: m[f] for f in ("n_groups", "topk_groups") if m[f]})
-  rule = routing.compose_rule(m.rule, overrides)
-  unbuilt = rule.shared in ("unit", "sigmoid") and m.d_shared == 0  # no shared expert
-  if unbuilt and m.get("shared") is not None and rule.shared != routing.get_rule(m.rule).shared:
-    raise UserError(
-      f"model.moe.shared={rule.shared!r} has no effect with model.moe.d_shared=0; "
-      "set model.moe.d_shared > 0"
-    )
-  return rule
-
-
-def resolved_rule(c: ml_collections.ConfigDict) -> dict:
-  """config.json `resolved.rule`: every field of the rule the run trains with."""
-  return routing.rule_dict(merge_rule(c))
-
-
-def check_resolved_rule(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
-  """A resumed run must route as the saved one did: refuses a changed resolved field."""
-  old = saved.get("resolved", {}).get("rule")
-  if not old:
-    return
-  new = resolved_rule(c)
-  for field, value in new.items():
-    if field in old and old[field] != value:
-      raise UserError(
-        f"model.moe.{field}={value!r} differs from the resolved rule in {path} "
-        f"({old[field]!r}); resume with the same rule or use a new --workdir"
-      )
-
-
-def moe_config(c: ml_collections.ConfigDict) -> MoEConfig:
-  """Builds the MoEConfig with the resolved merge rule (`merge_rule`)."""
-  m = c.model.moe
-  rule = merge_rule(c)
-  return _build(
-    MoEConfig,
-    m,
-    d_model=c.model.d_model,
-    rule=rule,
-    group_size=m.group_size or None,
-    dtype=c.model.dtype,
-    init_std=c.model.init_std,
-  )
-
-
-def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
-  """Builds the ModelConfig; `model.vocab_size=0` takes the tokenizer's vocabulary."""
-  m = c.model
-  moe = moe_config(c) if m.moe_every > 0 else None
-  return _build(ModelConfig, m, vocab_size=m.vocab_size or vocab_size, moe=moe)
 
 
 def _get(c, path: str):
@@ -278,7 +204,7 @@ def check_keys(c: ml_collections.ConfigDict, base: ml_collections.ConfigDict, pr
 
 def _check_shared(c: ml_collections.ConfigDict) -> None:
   """The shared expert and the rule's shared gate must come together."""
-  shared = moe_config(c).merge_rule.shared
+  shared = build.merge_rule(c).shared
   d_shared = c.model.moe.d_shared
   if d_shared > 0 and shared == "none":
     raise UserError(
@@ -330,8 +256,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if not c.optim.eps > 0:
     raise UserError(f"optim.eps={c.optim.eps} is not allowed; use a value > 0")
   data_lib.validate_config(c.data)
-  model_config(c, vocab_size=max(c.model.vocab_size, 2))
-  step_lib.LossConfig.from_config(c, n_shards=1)  # checks loss.balance_convention/choices
+  build.model_config(c, vocab_size=max(c.model.vocab_size, 2))  # MoEConfig's own checks too
+  build.loss_config(c, n_shards=1)  # checks loss.balance_convention/choices
   if c.model.moe_every > 0:
     _check_shared(c)
   _check_eval_ks(c)
@@ -346,64 +272,3 @@ def warnings(c: ml_collections.ConfigDict) -> list[str]:
       f"the warmup is clamped to {max(c.train.steps - 1, 0)} steps"
     )
   return out
-
-
-def load_file(spec: str) -> ml_collections.ConfigDict:
-  """The config of `path[:arg]` (a `get_config([arg])` file); every way it can fail is a
-  one-line UserError naming the file: missing, a syntax error, an import or get_config
-  that raises, an argument it does not take."""
-  path, _, arg = spec.partition(":")
-  if not os.path.isfile(path):
-    raise UserError(f"cannot load --config {spec}: no such file {path}")
-  with open(path) as f:
-    source = f.read()
-  try:
-    code = compile(source, path, "exec")
-  except SyntaxError as e:
-    raise UserError(f"--config {path}:{e.lineno}: syntax error ({e.msg})") from None
-  module = types.ModuleType("_moejax_config")
-  module.__file__ = path
-  try:
-    exec(code, module.__dict__)  # pylint: disable=exec-used
-  except Exception as e:  # anything a config module's top level can raise
-    raise UserError(f"--config {path}: loading it raised {type(e).__name__}: {e}") from None
-  get_config = getattr(module, "get_config", None)
-  if not callable(get_config):
-    raise UserError(f"--config {path}: defines no get_config()")
-  if arg and not inspect.signature(get_config).parameters:
-    raise UserError(f"--config {spec}: get_config() of {path} takes no argument; drop ':{arg}'")
-  try:
-    return get_config(arg) if arg else get_config()
-  except Exception as e:  # a config's own check, e.g. study_renorm's unknown rule
-    raise UserError(f"--config {spec}: get_config raised {type(e).__name__}: {e}") from None
-
-
-def read_saved(workdir: str) -> dict | None:
-  """The raw `DIR/config.json` of an earlier run, or None when there is none."""
-  path = runio.path(workdir, "config.json")
-  if not path.exists():
-    return None
-  try:
-    return json.loads(runio.read_text(path))
-  except (OSError, json.JSONDecodeError) as e:
-    raise UserError(f"{path} is unreadable ({e}); fix or remove it") from None
-
-
-def from_saved(saved: dict) -> ml_collections.ConfigDict:
-  """A config saved by an earlier run (config.json), with defaults for keys added since."""
-  c = base_config()
-
-  def merge(node: ml_collections.ConfigDict, values: dict) -> None:
-    for key, value in values.items():
-      if key in node and isinstance(node[key], ml_collections.ConfigDict):
-        merge(node[key], value)
-      elif key in node:
-        node[key] = value
-
-  merge(c, saved)
-  rule = saved.get("resolved", {}).get("rule")
-  if rule:  # the rule the run trained with, whatever RULES says today
-    for field in RULE_OVERRIDES + ("n_groups", "topk_groups"):
-      if field in rule:
-        c.model.moe[field] = rule[field]
-  return c

@@ -1,8 +1,9 @@
 """The seed-004 worksheet of any config: what the model is, with its parameters counted.
 
-`worksheet(c, vocab_size)` builds the real `moejax.model.Transformer` under `jax.eval_shape`
-(shapes only: nothing is allocated, so a 671B model takes seconds) and groups its parameter
-leaves by path; `format_worksheet` renders it as text. The trainer stores `to_dict()` under
+`worksheet(c, vocab_size)` builds the real `moejax.model.Transformer` with shapes only
+(`build.abstract_params`: nothing is allocated, so a 671B model takes seconds) and groups its
+parameter leaves by path, each counted by `build.param_count` (the trainer's count is their
+sum); `format_worksheet` renders it as text. The trainer stores `to_dict()` under
 `resolved.worksheet` in config.json and the wandb config.
 
     python -m moejax.describe --config configs/full/mixtral.py [--config.a.b=v] [--json]
@@ -30,7 +31,6 @@ from moejax import aot, sharding
 from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
-  abstract_params,
   count_groups,
   format_worksheet,
   group_of,
@@ -129,9 +129,7 @@ def main(argv: list[str]) -> int:
   )
   devices = flags.DEFINE_integer("devices", 0, "GPUs to size the train step for (with --hbm).")
   hbm = flags.DEFINE_float("hbm", 0.0, "Memory per GPU in GiB, with --devices (e.g. 80).")
-  cli.parse_flags(argv, config)
-  if config.value is None:
-    cli.fail("--config is required, e.g. --config configs/full/mixtral.py")
+  cli.parse_flags(argv, config, example="configs/full/mixtral.py")
   config_lib.validate(config.value)
   vocab, note = nominal_vocab(config.value)
   ws = worksheet(config.value, vocab)

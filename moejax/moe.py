@@ -61,12 +61,13 @@ class RouterOut(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-  """Shapes, merge rule and dispatch of one MoE layer (field names are public API)."""
+  """Shapes, merge rule and dispatch of one MoE layer (field names are public API). The
+  defaults are those of `model.moe` in `config.base_config()`, which is written from them."""
 
   d_model: int
-  n_experts: int
-  top_k: int
-  d_expert: int
+  n_experts: int = 8
+  top_k: int = 2
+  d_expert: int = 128
   d_shared: int = 0
   rule: routing.MergeRule | str = "mixtral"
   dispatch: str = "dropless"

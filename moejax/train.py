@@ -18,9 +18,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics,
 
 
 def main() -> int:
-  cli.parse_flags(sys.argv, _CONFIG)
-  if _CONFIG.value is None:
-    cli.fail("--config is required, e.g. --config configs/quickstart.py")
+  cli.parse_flags(sys.argv, _CONFIG, example="configs/quickstart.py")
   if not _WORKDIR.value:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
   from moejax import distributed  # pylint: disable=import-outside-toplevel  (jax import is slow)

@@ -12,6 +12,7 @@ import ml_collections
 import optax
 from flax import nnx
 
+from moejax import build as build_lib
 from moejax import (
   checkpoint,
   distributed,
@@ -30,7 +31,7 @@ from moejax import workdir as workdir_lib
 from moejax.data import Data, make_data
 from moejax.errors import UserError
 from moejax.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)
-from moejax.model import Transformer, is_moe_layer
+from moejax.model import is_moe_layer
 
 
 @dataclasses.dataclass
@@ -46,17 +47,6 @@ class Run:
   n_active: int
   tx: optax.GradientTransformation
   schedule: optax.Schedule
-
-
-def count_params(params, moe_cfg) -> tuple[int, int]:
-  """(total, active per token): routed experts count K/E of their weights as active."""
-  total = active = 0
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    names = [str(getattr(k, "key", k)) for k in path]
-    total += leaf.size
-    share = moe_cfg.top_k / moe_cfg.n_experts if moe_cfg and "experts" in names else 1.0
-    active += int(leaf.size * share)
-  return total, active
 
 
 def check_config(c: ml_collections.ConfigDict, mesh=None) -> jax.sharding.Mesh:
@@ -82,9 +72,8 @@ def build(c: ml_collections.ConfigDict, workdir: str | None, mesh=None) -> Run:
       f"model.vocab_size={c.model.vocab_size} is below the tokenizer's "
       f"{data.tokenizer.vocab_size}; use 0 (the tokenizer's) or >= {data.tokenizer.vocab_size}"
     )
-  mc = config_lib.model_config(c, data.tokenizer.vocab_size)
-  model = Transformer(mc, rngs=nnx.Rngs(c.train.seed))
-  graphdef, params, router = step_lib.split_model(model)
+  mc = build_lib.model_config(c, data.tokenizer.vocab_size)
+  graphdef, params, router = step_lib.split_model(build_lib.transformer(mc, c.train.seed))
   tx, schedule = optim.optimizer(c)
   state = {
     "step": jnp.zeros((), jnp.int32),
@@ -93,7 +82,7 @@ def build(c: ml_collections.ConfigDict, workdir: str | None, mesh=None) -> Run:
     "opt_state": tx.init(params),
   }
   state = jax.device_put(state, sharding.state_sharding(state, mesh))
-  n_params, n_active = count_params(params, mc.moe)
+  n_params, n_active = build_lib.count_params(params, mc.moe)
   return Run(c, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
 
 
@@ -105,7 +94,7 @@ def resolved_config(run: Run) -> dict:
     "data": run.data.describe(),
     "n_params": run.n_params,
     "n_active_params": run.n_active,
-    "rule": config_lib.resolved_rule(run.config),
+    "rule": build_lib.resolved_rule(run.config),
     "python": sys.version.split()[0],
     "jax": jax.__version__,
     "git_commit": tracking.git_commit(),
@@ -118,14 +107,14 @@ def resolved_config(run: Run) -> dict:
 
 def moe_layers(run: Run) -> list[int]:
   """Indices of the MoE layers (their router logits are checked every step)."""
-  mc = config_lib.model_config(run.config, run.data.tokenizer.vocab_size)
+  mc = build_lib.model_config(run.config, run.data.tokenizer.vocab_size)
   return [i for i in range(mc.n_layers) if is_moe_layer(mc, i)]
 
 
 def compile_steps(run: Run, layers: list[int] | None = None):
   """(jitted guarded train step, jitted eval step); `layers`: `moe_layers(run)`, if known."""
   c = run.config
-  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  lc = build_lib.loss_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = nonfinite.guard(
     step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule),
     moe_layers(run) if layers is None else layers,
@@ -212,7 +201,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     log=log,
     progress=bar,
     perf=flops.Perf.for_run(
-      config_lib.model_config(c, run.data.tokenizer.vocab_size), c.data.seq_len
+      build_lib.model_config(c, run.data.tokenizer.vocab_size), c.data.seq_len
     ),
   )
   try:

@@ -1,4 +1,5 @@
-"""The run directory: checks before training, the resume guards, and the files written.
+"""The run directory: checks before training, the resume guards, the files written, and
+an earlier run's saved config (`read_saved`, `from_saved`).
 
 Every write a run makes outside orbax goes through `write_config_json` and
 `reset_metrics` here (and `tracking.Tracker.log`): process 0 only, through `runio`, so a
@@ -13,8 +14,8 @@ import tempfile
 
 import ml_collections
 
+from moejax import build, distributed, runio
 from moejax import config as config_lib
-from moejax import distributed, runio
 from moejax.errors import UserError
 from moejax.hf import guard as hf_guard
 
@@ -54,14 +55,59 @@ def _diff(saved: dict, now: dict, prefix: str) -> tuple[str, object, object] | N
   return None
 
 
+def read_saved(workdir: str) -> dict | None:
+  """The raw `DIR/config.json` of an earlier run, or None when there is none."""
+  path = runio.path(workdir, "config.json")
+  if not path.exists():
+    return None
+  try:
+    return json.loads(runio.read_text(path))
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserError(f"{path} is unreadable ({e}); fix or remove it") from None
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A config saved by an earlier run (config.json), with defaults for keys added since."""
+  c = config_lib.base_config()
+
+  def merge(node: ml_collections.ConfigDict, values: dict) -> None:
+    for key, value in values.items():
+      if key in node and isinstance(node[key], ml_collections.ConfigDict):
+        merge(node[key], value)
+      elif key in node:
+        node[key] = value
+
+  merge(c, saved)
+  rule = saved.get("resolved", {}).get("rule")
+  if rule:  # the rule the run trained with, whatever RULES says today
+    for field in build.RULE_OVERRIDES + build.RULE_COUNTS:
+      if field in rule:
+        c.model.moe[field] = rule[field]
+  return c
+
+
+def check_resolved_rule(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
+  """A resumed run must route as the saved one did: refuses a changed resolved field."""
+  old = saved.get("resolved", {}).get("rule")
+  if not old:
+    return
+  new = build.resolved_rule(c)
+  for field, value in new.items():
+    if field in old and old[field] != value:
+      raise UserError(
+        f"model.moe.{field}={value!r} differs from the resolved rule in {path} "
+        f"({old[field]!r}); resume with the same rule or use a new --workdir"
+      )
+
+
 def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   """Resuming with a different model or data config would silently change the run."""
-  saved = config_lib.read_saved(workdir)
+  saved = read_saved(workdir)
   if saved is None:
     return
   path = os.path.join(workdir, "config.json")
   hf_guard.refuse_training(saved, path)  # an imported checkpoint holds no optimizer state
-  config_lib.check_resolved_rule(saved, c, path)
+  check_resolved_rule(saved, c, path)
   for section in FROZEN_SECTIONS:
     found = _diff(saved.get(section, {}), c[section].to_dict(), f"{section}.")
     if found:

@@ -6,17 +6,14 @@ losses, mesh), from `jax.eval_shape` of the real model. The library half of
 from __future__ import annotations
 
 import dataclasses
-import math
 import textwrap
 from typing import NamedTuple
 
 import jax
 import ml_collections
-from flax import nnx
 
-from moejax import config as config_lib
-from moejax import dispatch, plans, routing, sharding
-from moejax.model import ModelConfig, Transformer, is_moe_layer
+from moejax import build, dispatch, plans, routing, sharding
+from moejax.model import ModelConfig, is_moe_layer
 
 ARCHITECTURE = "decoder-only Transformer: pre-norm RMSNorm, RoPE, SwiGLU, no biases"
 
@@ -115,22 +112,6 @@ class Worksheet:
     return d
 
 
-class _ShapeRngs:
-  """Stands in for `nnx.Rngs` under eval_shape: a constant key and no counter state.
-
-  `nnx.Rngs` updates a counter per draw, and on a tracer that update searches the whole
-  trace, so tracing a 61-layer model takes minutes; values are never computed here anyway.
-  """
-
-  def params(self) -> jax.Array:
-    return jax.random.key(0)
-
-
-def abstract_params(mc: ModelConfig) -> nnx.State:
-  """The Transformer's `nnx.Param` leaves as ShapeDtypeStructs (jax.eval_shape)."""
-  return jax.eval_shape(lambda: nnx.state(Transformer(mc, rngs=_ShapeRngs()), nnx.Param))
-
-
 def group_of(names: tuple[str, ...]) -> str:
   """The group of a parameter path such as ('layers', '3', 'mlp', 'experts', 'w_up')."""
   if names[0] in ("embed", "lm_head"):
@@ -145,15 +126,15 @@ def group_of(names: tuple[str, ...]) -> str:
 
 
 def count_groups(mc: ModelConfig) -> tuple[ParamGroup, ...]:
-  """Totals and actives per group, from the abstract parameters."""
-  totals = dict.fromkeys(GROUPS, 0)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(mc)):
-    names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-    totals[group_of(names[:-1] if names[-1] == "value" else names)] += math.prod(leaf.shape)
-  moe = mc.moe
-  routed = totals["routed_experts"]
-  active = routed * moe.top_k // moe.n_experts if moe is not None else 0
-  return tuple(ParamGroup(n, t, active if n == "routed_experts" else t) for n, t in totals.items())
+  """Totals and actives per group of the abstract parameters, each counted by
+  `build.param_count` (so the groups add up to `build.count_params`)."""
+  totals, actives = dict.fromkeys(GROUPS, 0), dict.fromkeys(GROUPS, 0)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(build.abstract_params(mc)):
+    names = build.param_names(path)
+    n = build.param_count(names, leaf.shape, mc.moe)
+    group = group_of(names)
+    totals[group], actives[group] = totals[group] + n.total, actives[group] + n.active
+  return tuple(ParamGroup(n, totals[n], actives[n]) for n in GROUPS)
 
 
 def conventions(groups: tuple[ParamGroup, ...]) -> dict[str, tuple[int, int]]:
@@ -258,7 +239,7 @@ def describe_mesh(m: ml_collections.ConfigDict) -> str:
 
 def worksheet(c: ml_collections.ConfigDict, vocab_size: int) -> Worksheet:
   """The worksheet of config `c`, with `vocab_size` used when `model.vocab_size` is 0."""
-  mc = config_lib.model_config(c, vocab_size)
+  mc = build.model_config(c, vocab_size)
   groups = count_groups(mc)
   moe_layers, placement = describe_placement(mc)
   moe = mc.moe

@@ -28,8 +28,7 @@ import re
 
 import pytest
 
-from moejax import aot, dispatch
-from moejax import config as config_lib
+from moejax import aot, cli, dispatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGY = "v5e:2x4"  # 8 chips: mesh (data, fsdp, expert) = (2, 2, 2) shards every axis
@@ -66,7 +65,7 @@ def tpu_auto() -> str:
 
 
 def load(preset: str):
-  return config_lib.load_file(os.path.join(REPO, preset))
+  return cli.load_file(os.path.join(REPO, preset))
 
 
 def tiny(preset: str, mode: str, impl: str):

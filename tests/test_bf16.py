@@ -22,9 +22,8 @@ import pytest
 from failure_helpers import override
 from flax import nnx
 
-from moejax import config as config_lib
+from moejax import build, cli, trainer
 from moejax import step as step_lib
-from moejax import trainer
 from moejax.model import ModelConfig, Transformer
 from moejax.moe import MoEConfig
 
@@ -45,9 +44,9 @@ SHAPE = {
 def train_losses(dtype: str) -> tuple[np.ndarray, dict]:
   """Per-step training loss of the quickstart shrunk to SHAPE, in `dtype`; and the dtypes
   of the state and of the step's float outputs."""
-  c = override(config_lib.load_file("configs/quickstart.py"), {**SHAPE, "model.dtype": dtype})
+  c = override(cli.load_file("configs/quickstart.py"), {**SHAPE, "model.dtype": dtype})
   run = trainer.build(c, None)
-  lc = step_lib.LossConfig.from_config(c, n_shards=1)
+  lc = build.loss_config(c, n_shards=1)
   step = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
   it = run.data.train_iterator()
   state, losses = run.state, []

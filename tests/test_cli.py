@@ -181,6 +181,9 @@ def bad_cases(tmp: str) -> dict[str, tuple[list[str], list[str]]]:
     )
   a_file = os.path.join(tmp, "a_file")
   open(a_file, "w").close()
+  returns_none = os.path.join(tmp, "returns_none.py")
+  with open(returns_none, "w") as f:
+    f.write("def get_config():\n  pass\n")
   return {
     "unknown_key": (["--config.train.nope=1", *workdir], ["train.nope"]),
     "not_an_int": (["--config.train.steps=abc", *workdir], ["train.steps", "abc"]),
@@ -202,6 +205,10 @@ def bad_cases(tmp: str) -> dict[str, tuple[list[str], list[str]]]:
     "bad_eval_k2_before_training": (["--config.eval.k2=zz", *workdir], ["eval.k2"]),
     "workdir_is_a_file": (["--workdir", a_file], [a_file, "is a file"]),
     "workdir_inside_a_file": (["--workdir", os.path.join(a_file, "run")], [a_file, "is a file"]),
+    "get_config_returns_none": (
+      ["--config", returns_none, *workdir],
+      [returns_none, "returned NoneType", "must return an ml_collections.ConfigDict"],
+    ),
   }
 
 
@@ -223,6 +230,7 @@ CASES = [
   "bad_eval_k2_before_training",
   "workdir_is_a_file",
   "workdir_inside_a_file",
+  "get_config_returns_none",
 ]
 
 
@@ -295,6 +303,24 @@ def test_no_readable_checkpoint_exits_2_and_keeps_the_directories(quickstart, tm
   proc = run_cli(*RUN_ARGS, "--workdir", workdir)  # rerunning the same command resumes
   assert_user_error(proc, *step_dirs)
   assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("module", ["moejax.train", "moejax.describe"])
+def test_an_override_without_config_says_config_is_missing(tmp_path, module):
+  """Not absl's "Unknown command line flag 'config.train.steps'"."""
+  workdir = ["--workdir", str(tmp_path / "w")] if module == "moejax.train" else []
+  proc = subprocess.run(
+    [sys.executable, "-m", module, "--config.train.steps=5", *workdir],
+    check=False,
+    cwd=REPO,
+    env=env(),
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  line = assert_user_error(proc, "--config is required", "--config.train.steps=5")
+  assert "Unknown command line flag" not in line
+  assert not (tmp_path / "w").exists()
 
 
 def test_missing_config_file_without_overrides_is_one_line_exit_2(tmp_path):

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from moejax import build, losses, routing
 from moejax import config as config_lib
-from moejax import losses, routing
+from moejax import workdir as workdir_lib
 from moejax.model import ModelConfig, Transformer, is_moe_layer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -80,8 +81,8 @@ def shrink_for_test(
 
 
 def build_model(cfg: ml_collections.ConfigDict, seed: int = 0) -> tuple[ModelConfig, Transformer]:
-  mc = config_lib.model_config(cfg, vocab_size=VOCAB_SIZE)
-  return mc, Transformer(mc, rngs=nnx.Rngs(seed))
+  mc = build.model_config(cfg, vocab_size=VOCAB_SIZE)
+  return mc, build.transformer(mc, seed)
 
 
 def tiny_tokens(cfg: ml_collections.ConfigDict, seed: int = 0) -> jax.Array:
@@ -131,7 +132,7 @@ def test_preset_keys_rule_and_validate(name, base_keys):
   config_lib.validate(cfg)
   m = cfg.model.moe
   assert m.rule == PRESET_RULES[name]
-  rule = config_lib.moe_config(cfg).merge_rule
+  rule = build.moe_config(cfg).merge_rule
   # A rule with a shared coefficient needs a shared expert, and only such rules have one.
   assert (m.d_shared > 0) == (rule.shared != "none"), (m.d_shared, rule.shared)
   assert (m.dispatch == "capacity") == (name in CAPACITY_PRESETS)
@@ -152,7 +153,7 @@ def test_family_specifics():
   assert (switch.model.moe.capacity_factor, switch.model.moe.eval_capacity_factor) == (1.25, 2.0)
   assert gshard.model.moe.top_k == 2 and gshard.model.moe.second_expert == "random"
   assert gshard.model.moe_every == 2 and gshard.model.moe.group_size > 0
-  rule = config_lib.moe_config(v3).merge_rule
+  rule = build.moe_config(v3).merge_rule
   assert (rule.n_groups, rule.topk_groups, rule.group_score) == (8, 4, "top2_sum")
   assert v3.loss.balance_granularity == "sequence" and v3.loss.balance_weight == 0.0001
   assert v3.loss.bias_update_rate == 0.001
@@ -221,9 +222,9 @@ def test_preset_balance_convention(name):
 
 REPO = CONFIG_DIR.parent
 PARSE = (
-  "import json, sys; from moejax import cli, config, train; "
+  "import json, sys; from moejax import build, cli, train; "
   "cli.parse_flags(sys.argv, train._CONFIG); "
-  "print(json.dumps(config.resolved_rule(train._CONFIG.value)))"
+  "print(json.dumps(build.resolved_rule(train._CONFIG.value)))"
 )
 
 
@@ -279,7 +280,7 @@ def _save_run(workdir, c):
   """config.json as a run of `c` writes it (the raw config plus resolved.rule)."""
   workdir.mkdir()
   saved = c.to_dict()
-  saved["resolved"] = {"rule": config_lib.resolved_rule(c)}
+  saved["resolved"] = {"rule": build.resolved_rule(c)}
   (workdir / "config.json").write_text(json.dumps(saved))
   return saved
 
@@ -311,9 +312,9 @@ def test_from_saved_gives_the_trained_rule():
   c = load_preset("quickstart")
   c.model.moe.update(rule="megatron", scale=5.0)
   saved = c.to_dict()
-  saved["resolved"] = {"rule": config_lib.resolved_rule(c)}
-  assert config_lib.moe_config(config_lib.from_saved(saved)).merge_rule.scale == 5.0
+  saved["resolved"] = {"rule": build.resolved_rule(c)}
+  assert build.moe_config(workdir_lib.from_saved(saved)).merge_rule.scale == 5.0
   # The grid routes with the rule the run trained with, whatever RULES says today.
   saved["resolved"]["rule"]["norm"] = "none"
-  rule = config_lib.moe_config(config_lib.from_saved(saved)).merge_rule
+  rule = build.moe_config(workdir_lib.from_saved(saved)).merge_rule
   assert rule == routing.MergeRule(norm="none", scale=5.0, shared="unit")

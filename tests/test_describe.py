@@ -14,8 +14,8 @@ import jax
 import ml_collections
 import pytest
 
+from moejax import build, cli, describe
 from moejax import config as config_lib
-from moejax import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "configs" / "full"
@@ -44,7 +44,7 @@ def key_paths(d, prefix: str = "") -> set[str]:
 def sheets():
   """Worksheets of the full-size twins, built once (eval_shape of up to 671B parameters)."""
   names = [*PUBLISHED, "deepseek_v3"]
-  return {n: describe.worksheet(config_lib.load_file(str(FULL / f"{n}.py")), 0) for n in names}
+  return {n: describe.worksheet(cli.load_file(str(FULL / f"{n}.py")), 0) for n in names}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -58,8 +58,8 @@ def test_twin_matches_published_counts(name, sheets):
 def test_every_twin_is_a_complete_valid_config_extending_its_preset():
   base = key_paths(config_lib.base_config())
   for name in [*PUBLISHED, "deepseek_v3"]:
-    c = config_lib.load_file(str(FULL / f"{name}.py"))
-    preset = config_lib.load_file(str(ROOT / "configs" / f"{name}.py"))
+    c = cli.load_file(str(FULL / f"{name}.py"))
+    preset = cli.load_file(str(ROOT / "configs" / f"{name}.py"))
     assert key_paths(c) == base, name
     config_lib.validate(c)
     assert c.model.moe.rule == preset.model.moe.rule
@@ -128,8 +128,8 @@ def test_placement_is_every_moe_every_th_layer_after_first_dense():
 
 
 def test_parameters_are_only_shapes():
-  mc = config_lib.model_config(config_lib.load_file(str(FULL / "olmoe.py")), 0)
-  leaves = jax.tree_util.tree_leaves(describe.abstract_params(mc))
+  mc = build.model_config(cli.load_file(str(FULL / "olmoe.py")), 0)
+  leaves = jax.tree_util.tree_leaves(build.abstract_params(mc))
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
 
 
@@ -139,7 +139,7 @@ def test_an_unknown_parameter_path_is_an_error():
 
 
 def test_text_states_router_capacity_losses_and_mesh(sheets):
-  c = config_lib.load_file(str(ROOT / "configs" / "gshard.py"))
+  c = cli.load_file(str(ROOT / "configs" / "gshard.py"))
   ws = describe.worksheet(c, 257)
   m = c.model.moe
   G = m.group_size or c.data.batch_size * c.data.seq_len // c.train.grad_accum
@@ -165,8 +165,8 @@ def test_trainer_records_the_worksheet():
   from moejax import trainer  # pylint: disable=import-outside-toplevel
 
   c = tiny(vocab_size=0)
-  params = describe.abstract_params(config_lib.model_config(c, 257))
-  n_params, n_active = trainer.count_params(params, config_lib.moe_config(c))
+  params = build.abstract_params(build.model_config(c, 257))
+  n_params, n_active = build.count_params(params, build.moe_config(c))
   tokenizer = types.SimpleNamespace(vocab_size=257)
   data = types.SimpleNamespace(tokenizer=tokenizer, describe=dict)
   run = types.SimpleNamespace(config=c, data=data, n_params=n_params, n_active=n_active)

@@ -11,8 +11,7 @@ import pytest
 from failure_helpers import TINY_RUN, fast_compiles, metric_rows, tiny  # noqa: F401
 from flax import nnx
 
-from moejax import config as config_lib
-from moejax import flops, trainer
+from moejax import build, flops, trainer
 from moejax.model import ModelConfig, Transformer
 from moejax.moe import MoEConfig
 
@@ -119,7 +118,7 @@ def test_training_rows_have_tflops_and_no_mfu_on_cpu(tmp_path):
   rows = metric_rows(str(tmp_path))
   assert [r["step"] for r in rows] == [1, 2, 3]
   resolved = json.loads((tmp_path / "config.json").read_text())["resolved"]
-  mc = config_lib.model_config(c, resolved["vocab_size"])
+  mc = build.model_config(c, resolved["vocab_size"])
   per_token = flops.training_flops_per_token(mc, 32).at()
   for r in rows:
     assert flops.MFU_METRIC not in r

@@ -19,7 +19,9 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+from moejax import build
 from moejax import config as config_lib
+from moejax import workdir as workdir_lib
 from moejax.errors import UserError
 from moejax.hf import runstate
 from moejax.hf.exporter import export_run
@@ -123,8 +125,8 @@ def imported(tmp_path_factory):
             "batch_size": 4, "holdout_fraction": 0.3, "progress": False}  # fmt: skip
     run = root / f"{fam}_run"
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
-    c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
-    mj = runstate.load_model(str(run), config_lib.model_config(c, V))
+    c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
+    mj = runstate.load_model(str(run), build.model_config(c, V))
     out[fam] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
   return out
 
@@ -173,7 +175,7 @@ def test_export_native_run(tmp_path, tokens):
   c = config_lib.base_config()
   c.model.update(vocab_size=V, d_model=D, n_layers=L, n_heads=4, n_kv_heads=2, d_ff=0)
   c.model.moe.update(n_experts=E, top_k=K, d_expert=16)
-  mc = config_lib.model_config(c, V)
+  mc = build.model_config(c, V)
   _, state = runstate.abstract(mc)
   rng = np.random.default_rng(1)
   arrays = {
@@ -233,7 +235,7 @@ def test_grid_on_imported_model(imported):
   hf, run, _, _ = imported["olmoe"]
   rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
   assert [(r["k1"], r["k2"]) for r in rows] == [(4, "native"), (2, "native")]
-  c = config_lib.from_saved(json.loads((run / "config.json").read_text()))
+  c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
   data = make_data(c.data, seed=0, workdir=None)
   w = torch.as_tensor(np.concatenate(data.eval_batches(8, 4)), dtype=torch.long)
   with torch.no_grad():

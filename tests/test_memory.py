@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from moejax import build, optim, sharding
 from moejax import config as config_lib
-from moejax import optim, sharding
 from moejax import step as step_lib
 from moejax.errors import UserError
 from moejax.model import ModelConfig, Transformer
@@ -73,7 +73,7 @@ def grad_temp_bytes(remat: str) -> int:
   c = config_lib.base_config()
   c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=128, moe_every=0)
   c.model.remat = remat
-  cfg = config_lib.model_config(c, vocab_size=64)
+  cfg = build.model_config(c, vocab_size=64)
   graphdef, params, router = step_lib.split_model(
     nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   )
@@ -118,7 +118,7 @@ def abstract_state():
   c = config_lib.base_config()
   c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2)
   c.model.moe.update(n_experts=16, top_k=2, d_expert=32)
-  cfg = config_lib.model_config(c, vocab_size=256)
+  cfg = build.model_config(c, vocab_size=256)
   _, params, router = step_lib.split_model(
     nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   )

@@ -532,11 +532,11 @@ COMPOSED = {
 
 
 def _composed_rule(overrides: dict) -> MergeRule:
-  from moejax import config  # pylint: disable=import-outside-toplevel
+  from moejax import build, config  # pylint: disable=import-outside-toplevel
 
   c = config.base_config()
   c.model.moe.update(overrides)
-  return config.merge_rule(c)
+  return build.merge_rule(c)
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSED))

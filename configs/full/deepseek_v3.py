@@ -24,11 +24,11 @@ import pathlib
 
 import ml_collections
 
-from moejax import config as config_lib
+from moejax import cli
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = config_lib.load_file(str(pathlib.Path(__file__).parents[1] / "deepseek_v3.py"))
+  c = cli.load_file(str(pathlib.Path(__file__).parents[1] / "deepseek_v3.py"))
   c.model.update(
     vocab_size=129280,
     d_model=7168,

@@ -16,11 +16,11 @@ import pathlib
 
 import ml_collections
 
-from moejax import config as config_lib
+from moejax import cli
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = config_lib.load_file(str(pathlib.Path(__file__).parents[1] / "qwen2_moe.py"))
+  c = cli.load_file(str(pathlib.Path(__file__).parents[1] / "qwen2_moe.py"))
   c.model.update(
     vocab_size=151936,
     d_model=2048,

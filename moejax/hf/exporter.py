@@ -15,7 +15,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from moejax import config as config_lib
+from moejax import build
+from moejax import workdir as workdir_lib
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
@@ -25,10 +26,10 @@ SHARD_BYTES = 4 * 2**30
 
 def load_run(workdir: str):
   """(config, saved config.json) of a run; a UserError when it is not one."""
-  saved = config_lib.read_saved(workdir)
+  saved = workdir_lib.read_saved(workdir)
   if saved is None:
     raise UserError(f"{workdir}/config.json not found; --workdir must be a moejax run")
-  return config_lib.from_saved(saved), saved
+  return workdir_lib.from_saved(saved), saved
 
 
 def zero_biases(c, fam: fl.Family, mc) -> dict[str, np.ndarray]:
@@ -88,7 +89,7 @@ def export_run(workdir: str, out: str, step: int | None = None, log=print) -> di
   vocab = c.model.vocab_size or resolved.get("vocab_size")
   if not vocab:
     raise UserError(f"{workdir}/config.json has no resolved.vocab_size; cannot size the model")
-  mc = config_lib.model_config(c, vocab)
+  mc = build.model_config(c, vocab)
   eos = resolved.get("data", {}).get("tokenizer", {}).get("eos_id")
   hf = hfconfig.to_hf(c, fam, vocab, eos)
   _, state = runstate.abstract(mc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moejax import config as config_lib
+from moejax import build
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.model import is_moe_layer
@@ -71,7 +71,7 @@ def _refuse(field: str, value: Any, why: str) -> None:
 def choose_family(c) -> fl.Family:
   """The family that expresses this run's architecture and rule, or a UserError naming the
   field without a counterpart."""
-  m, rule = c.model, config_lib.moe_config(c).merge_rule
+  m, rule = c.model, build.moe_config(c).merge_rule
   for field, value, ok in (
     ("model.moe_every", m.moe_every, m.moe_every > 0),
     ("model.moe.dispatch", m.moe.dispatch, m.moe.dispatch == "dropless"),
@@ -99,7 +99,7 @@ def choose_family(c) -> fl.Family:
   head_dim = m.head_dim or m.d_model // m.n_heads
   if fam.name == "olmoe" and head_dim * m.n_heads != m.d_model:
     _refuse("model.head_dim", m.head_dim, "with qk_norm_scope=proj: OLMoE needs d_model/n_heads")
-  mc = config_lib.model_config(c, 2)
+  mc = build.model_config(c, 2)
   if not fam.sparse_step and not all(is_moe_layer(mc, i) for i in range(m.n_layers)):
     _refuse("model.first_dense", m.first_dense, f"(dense layers): {fam.architecture} has none")
   return fam
@@ -108,7 +108,7 @@ def choose_family(c) -> fl.Family:
 def to_hf(c, fam: fl.Family, vocab_size: int, eos_id: int | None) -> dict[str, Any]:
   """The HF config.json of the run (transformers 5 keys, plus legacy `rope_theta`)."""
   m = c.model
-  mc = config_lib.model_config(c, vocab_size)
+  mc = build.model_config(c, vocab_size)
   rule = mc.moe.merge_rule
   dense = [i for i in range(m.n_layers) if not is_moe_layer(mc, i)]
   hf: dict[str, Any] = {

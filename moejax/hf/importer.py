@@ -15,6 +15,7 @@ import numpy as np
 from safetensors import safe_open
 from tqdm import tqdm
 
+from moejax import build
 from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.hf import families as fl
@@ -154,7 +155,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   os.makedirs(workdir, exist_ok=True)
   c.data.tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
   config_lib.validate(c)
-  mc = config_lib.model_config(c, c.model.vocab_size)
+  mc = build.model_config(c, c.model.vocab_size)
   tok = HFTokenizer(c.data.tokenizer[3:])
   if tok.vocab_size > mc.vocab_size:
     raise UserError(f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {mc.vocab_size}")
@@ -163,7 +164,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
   stream(files, by_name, arrays, progress=opts.get("progress", True))
   runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})
-  n_params = int(sum(a.size for a in arrays.values()))
+  n_params = build.count_params(state["params"], mc.moe).total
   out = c.to_dict()
   out["resolved"] = {
     "vocab_size": mc.vocab_size,

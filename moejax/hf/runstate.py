@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from moejax import checkpoint
+from moejax import build, checkpoint
 from moejax import step as step_lib
 from moejax.model import ModelConfig, Transformer
 
@@ -35,8 +35,7 @@ def param_path(keypath) -> Path:
 
 def abstract(mc: ModelConfig) -> tuple[nnx.GraphDef, dict]:
   """(graphdef, {"params", "router"} of ShapeDtypeStructs), built without allocating weights."""
-  model = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))
-  graphdef, params, router = step_lib.split_model(model)
+  graphdef, params, router = step_lib.split_model(build.abstract_transformer(mc))
   return graphdef, {"params": params, "router": router}
 
 

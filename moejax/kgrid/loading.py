@@ -14,8 +14,8 @@ import numpy as np
 from flax import nnx
 
 from moejax import checkpoint
-from moejax import config as config_lib
 from moejax import data as data_lib
+from moejax import workdir as workdir_lib
 from moejax.build import abstract_model
 from moejax.errors import UserError
 from moejax.moe import RouterBias
@@ -33,13 +33,13 @@ class EvalRun(NamedTuple):
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's saved config, with defaults for keys added since (config.from_saved)."""
-  saved = config_lib.read_saved(workdir)
+  """The run's saved config, with defaults for keys added since (workdir.from_saved)."""
+  saved = workdir_lib.read_saved(workdir)
   if saved is None:
     raise UserError(
       f"{os.path.join(workdir, 'config.json')} not found; --workdir must be a moejax training run"
     )
-  return config_lib.from_saved(saved)
+  return workdir_lib.from_saved(saved)
 
 
 def heldout_windows(c: ml_collections.ConfigDict, workdir: str) -> tuple[np.ndarray, int]:

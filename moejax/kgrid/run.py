@@ -15,8 +15,7 @@ import os
 
 import numpy as np
 
-from moejax import corpora, distributed, routing, runio
-from moejax.config import moe_config
+from moejax import build, corpora, distributed, routing, runio
 from moejax.errors import UserError
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import gain as gain_lib
@@ -83,7 +82,7 @@ def run_grid(
   )
   if c.model.moe_every == 0:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
-  rule = moe_config(c).merge_rule
+  rule = build.moe_config(c).merge_rule
   K, E = c.model.moe.top_k, c.model.moe.n_experts
   k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)  # arguments win over the run's eval.k1/k2
   labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
