@@ -45,11 +45,6 @@ CONVENTIONS: dict[str, tuple[tuple[str, ...], str]] = {
   "non_embedding": (("embeddings", "lm_head"), "no table, no head: 'non-embedding'"),
 }
 _SCORE = {"softmax": "softmax over all E logits", "sigmoid": "sigmoid of each logit"}
-_NORM = {
-  "none": "r_i = a s_i (no renormalization)",
-  "sum": "r_i = a s_i / sum_S s (renormalized over the selected)",
-  "lp": "r_i = a s_i / ||s_S||_p (p = {lp})",
-}
 _SHARED = {
   "none": "c(x) = 0",
   "unit": "c(x) = 1",
@@ -181,7 +176,7 @@ def describe_router(rule: routing.MergeRule, K: int) -> str:
   if rule.n_groups > 1:
     groups = f"; group-limited: best {rule.topk_groups} of {rule.n_groups} groups by "
     groups += rule.group_score
-  norm = _NORM.get(rule.norm, rule.norm).format(lp=f"{rule.lp:g}")
+  norm = routing.NORMS[rule.norm].worksheet.format(lp=f"{rule.lp:g}")
   return f"s = {_SCORE.get(rule.score, rule.score)}; top-{K} on {sel}{groups}; {norm}; a = {alpha}"
 
 
