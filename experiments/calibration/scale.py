@@ -171,20 +171,24 @@ def saving_table(sizes: list[Size], rule: str) -> list[str]:
   what = (
     "k2 = K saving Δ(k2=k1) − Δ(k2=K)" if renorm else "renormalization cost Δ(k2=k1) − Δ(native)"
   )
-  out = [
-    f"| size | non-emb. params | tokens | k1 | {what} |" + (" kept by k2 = K |" if renorm else "")
-  ]
-  out.append("|---|---|---|---|---|" + ("---|" if renorm else ""))
+  head = f"| size | non-emb. params | tokens | loss at native K | k1 | {what} |"
+  out = [head + (" kept by k2 = K |" if renorm else "")]
+  out.append("|---|---|---|---|---|---|" + ("---|" if renorm else ""))
   for size in sizes:
     for k1 in SCALE_K1:
       cell, against = contrast(rule, k1, size.runs[0].top_k)
       e = res.estimate(size.runs, cell, against=against)
       row = (
         f"| {size.label} (n={len(size.runs)}) | {_fmt_params(size.params)} | "
-        f"{size.tokens / 1e6:.2f}M | {k1} | {e.full() if e else '—'} |"
+        f"{size.tokens / 1e6:.2f}M | {native_loss(size):.4f} | {k1} | {e.full() if e else '—'} |"
       )
       out.append(row + (f" {kept_text(size.runs, k1)} |" if renorm else ""))
   return out
+
+
+def native_loss(size: Size) -> float:
+  """Held-out loss at native k1 = K, the mean over the size's seeds."""
+  return float(np.mean([r.eval_loss for r in size.runs]))
 
 
 def kept_text(runs: list, k1: int, step: int | None = None) -> str:
