@@ -62,24 +62,26 @@ def train_tokens(run: res.RunResult) -> int:
   return int(run.config["train"]["steps"]) * d["batch_size"] * d["seq_len"]
 
 
-def _size(label: str, runs: list) -> Size | None:
-  if not runs:
-    return None
-  return Size(label, non_embedding_params(runs[0]), train_tokens(runs[0]), runs)
+def width_runs(runs: dict, rule: str) -> dict[str, list]:
+  """d_model 64, 128, 256 at 600 steps -> their finished runs at seeds 0 and 1 (sizes with
+  none left out), smallest first."""
+  out = {}
+  for d in (64, 128, 256):
+    prefix = f"a-{rule}" if d == 128 else f"f-d{d}-{rule}"
+    found = [runs[f"{prefix}-s{s}"] for s in SEEDS if f"{prefix}-s{s}" in runs]
+    if found:
+      out[f"d{d}"] = found
+  return out
 
 
 def widths(runs: dict, rule: str) -> list[Size]:
-  """d_model 64, 128, 256 at 600 steps, seeds 0 and 1 (those finished), smallest first."""
-  out = []
-  for d in (64, 128, 256):
-    if d == 128:
-      names = [f"a-{rule}-s{s}" for s in SEEDS]
-    else:
-      names = [f"f-d{d}-{rule}-s{s}" for s in SEEDS]
-    size = _size(f"d{d}", [runs[n] for n in names if n in runs])
-    if size:
-      out.append(size)
-  return out
+  """The trend's points; [] until two sizes have finished runs."""
+  groups = width_runs(runs, rule)
+  if len(groups) < 2:
+    return []
+  return [
+    Size(lab, non_embedding_params(rs[0]), train_tokens(rs[0]), rs) for lab, rs in groups.items()
+  ]
 
 
 def contrast(rule: str, k1: int, K: int) -> tuple[tuple, tuple]:
@@ -282,11 +284,9 @@ def statements(runs: dict) -> str:
   for rule in (RENORMALIZED, PLAIN):
     sizes = widths(runs, rule)
     out.append(f"*{rule}, by width (600 steps, 1.23M tokens):*\n")
-    if len(sizes) < 2:
-      out += [
-        f"- fewer than two sizes finished ({', '.join(s.label for s in sizes) or 'none'}).",
-        "",
-      ]
+    if not sizes:
+      done = ", ".join(width_runs(runs, rule)) or "none"
+      out += [f"- fewer than two sizes finished ({done}).", ""]
       continue
     out += saving_table(sizes, rule) + [""] + trend_lines(sizes, rule) + [""]
   out.append(
