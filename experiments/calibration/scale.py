@@ -14,8 +14,9 @@ The trend is the least-squares slope of each size's value against log10 of its n
 parameters, with a percentile bootstrap CI: each resample draws the held-out sequences with
 replacement (one draw shared by every run, since all are gridded on the same sequences) and,
 within each size, the seeds with replacement. With two seeds per size that seed draw is
-coarse, so the CI can be narrow where the seeds happen to agree; the per-size seed-level
-t intervals are printed beside it.
+coarse, so the CI can be narrow where the seeds happen to agree. Beside it: the seed-level
+slope, an OLS fit through every per-seed value with a Student-t CI on n − 2 degrees of
+freedom. A direction is stated only where both CIs exclude 0 on the same side.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 import results as res
+from scipy import stats as sps
 
 NATIVE = res.NATIVE
 SCALE_K1 = (4, 2, 1)
@@ -202,25 +204,55 @@ def kept_text(runs: list, k1: int, step: int | None = None) -> str:
   return f"{ratio(num, den):.0%} [{lo:.0%}, {hi:.0%}]"
 
 
+def seed_trend(x: list[float], per_seed: list[list[float]]) -> Trend | None:
+  """OLS slope of every per-seed value against log10(x) (each size's seeds as separate
+  points), with a Student-t CI on n − 2 degrees of freedom: the seed-level check on the
+  bootstrap, which two seeds per size can make too narrow."""
+  xs = [np.log10(xi) for xi, vals in zip(x, per_seed) for _ in vals]
+  ys = [v for vals in per_seed for v in vals]
+  if len(set(xs)) < 2 or len(ys) < 3:
+    return None
+  fit = sps.linregress(xs, ys)
+  half = float(sps.t.ppf(0.5 + CONFIDENCE / 2, len(ys) - 2)) * fit.stderr
+  return Trend(float(fit.slope), float(fit.slope - half), float(fit.slope + half))
+
+
+def verdict(boot: Trend | None, seed: Trend | None, down: str, up: str) -> str:
+  """Read off both CIs: a direction only where both exclude 0 on the same side."""
+  said = {direction(t, down, up) for t in (boot, seed)}
+  if len(said) == 1:
+    return said.pop()
+  return "the bootstrap and the seed-level CIs disagree: these sizes cannot tell"
+
+
 def trend_lines(sizes: list[Size], rule: str) -> list[str]:
   x = [s.params for s in sizes]
   out = []
   for k1 in SCALE_K1:
-    K = sizes[0].runs[0].top_k
-    cell, against = contrast(rule, k1, K)
+    cell, against = contrast(rule, k1, sizes[0].runs[0].top_k)
     per = [(_arrays(s.runs, cell, against),) for s in sizes]
     t = bootstrap_trend(x, per, mean_of)
+    st = seed_trend(x, [[a.mean() for a in arrays] for (arrays,) in per])
     name = "saving" if rule == RENORMALIZED else "renormalization cost"
-    said = direction(t, f"the {name} shrinks with size", f"the {name} grows with size")
-    line = f"- k1 = {k1}: {name} slope {_fmt_trend(t)} nats per decade: {said}."
+    said = verdict(t, st, f"the {name} shrinks with size", f"the {name} grows with size")
+    line = (
+      f"- k1 = {k1}: {name} slope {_fmt_trend(t)} nats per decade (bootstrap; seed-level "
+      f"{_fmt_trend(st)}): {said}."
+    )
     if rule == RENORMALIZED:
-      kt = bootstrap_trend(x, [kept_arrays(s.runs, k1) for s in sizes], ratio)
-      toward = direction(
+      terms = [kept_arrays(s.runs, k1) for s in sizes]
+      kt = bootstrap_trend(x, terms, ratio)
+      kst = seed_trend(x, [[ratio([n], [d]) for n, d in zip(*tm)] for tm in terms])
+      toward = verdict(
         kt,
+        kst,
         f"toward the blog's {BLOG_KEPT:.0%} (k2 = K keeps less with size)",
         f"away from the blog's {BLOG_KEPT:.0%} (k2 = K keeps more with size)",
       )
-      line += f" Kept-fraction slope {_fmt_trend(kt, pct=True)} per decade: {toward}."
+      line += (
+        f" Kept-fraction slope {_fmt_trend(kt, pct=True)} per decade (seed-level "
+        f"{_fmt_trend(kst, pct=True)}): {toward}."
+      )
     out.append(line)
   return out
 
