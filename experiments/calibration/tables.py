@@ -136,7 +136,7 @@ def grid_section(title: str, runs: list[res.RunResult]) -> str:
 def limits() -> str:
   return (
     "## What CPU scale cannot decide\n\n"
-    "These models are tiny (d_model 128, byte-level, about a million training tokens) "
+    "These models are tiny (d_model 64 to 256, byte-level, 1.2M to 4.9M training tokens) "
     "and far from converged; effects that need specialised experts may only appear at "
     "scale. Where factor D moves an effect's size with the shape or the init scale, or "
     "factor C with training length, the sizes here say little about a converged model, "
@@ -146,8 +146,9 @@ def limits() -> str:
     "The TPU preset (`configs/study_calibration.py:tpu`: d_model 1024, 8 layers, "
     "32k BPE, 1.05B tokens per run; `python -m launch.sweep "
     "experiments/calibration/sweep_tpu.py --backend sky`) runs the same factors at a "
-    "scale where the seed's pretrained-model evidence was observed: it would settle "
-    "whether the renormalized model's k2 = K advantage grows with training and scale. "
+    "scale where the seed's pretrained-model evidence was observed. Factor F (H9) only "
+    "spans a 16× range of parameters and 4× of tokens at one learning rate, so its trends "
+    "say which way the contrasts move across these CPU sizes, not where they end up. "
     "It is defined and "
     "dry-run validated, not run here.\n"
   )
