@@ -21,6 +21,12 @@ def save(fig, path: pathlib.Path) -> None:
   plt.close(fig)
 
 
+def errorbars(ax, xs, means, los, his, label: str) -> None:
+  """One line with asymmetric bars from `los` to `his` (every figure's point style)."""
+  yerr = [[m - lo for m, lo in zip(means, los)], [hi - m for m, hi in zip(means, his)]]
+  ax.errorbar(xs, means, yerr=yerr, marker="o", capsize=2, label=label)
+
+
 def line_cells(run: res.RunResult, k1: int, best: dict) -> dict:
   """The cell behind each plotted line at this k1 (None where the grid lacks it)."""
   grid, K = run.final_grid, run.top_k
@@ -113,14 +119,8 @@ def loss_vs_active(curves_by_rule: dict[str, dict[str, list]], path: pathlib.Pat
   for ax, (rule, curves) in zip(axes.flat, curves_by_rule.items()):
     for label, pts in curves.items():
       if pts:
-        ax.errorbar(
-          [p.k1 for p in pts],
-          [p.mean for p in pts],
-          yerr=[[p.mean - p.lo for p in pts], [p.hi - p.mean for p in pts]],
-          marker="o",
-          capsize=2,
-          label=f"{label} (n={max(p.n_seeds for p in pts)})",
-        )
+        n = max(p.n_seeds for p in pts)
+        errorbars(ax, *zip(*[(p.k1, p.mean, p.lo, p.hi) for p in pts]), f"{label} (n={n})")
     ax.set_xscale("log", base=2)
     ax.set_title(rule, fontsize=9)
     ax.set_xlabel("active experts k1")
@@ -136,14 +136,7 @@ def against_params(panels: dict[str, dict[str, list[tuple]]], path: pathlib.Path
   for ax, (title, lines) in zip(axes.flat, panels.items()):
     for label, pts in lines.items():
       if pts:
-        ax.errorbar(
-          [p[0] for p in pts],
-          [p[1] for p in pts],
-          yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
-          marker="o",
-          capsize=2,
-          label=label,
-        )
+        errorbars(ax, *zip(*pts), label)
     ax.set_xscale("log")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("non-embedding parameters")

@@ -8,15 +8,22 @@ import results as res
 RENORM_PANEL, PLAIN_PANEL = "A qwen3_moe", "A olmoe"
 
 
-def verdict(contrast: res.Estimate | None, below: str, above: str) -> str:
-  """`below` when the CI is under 0, `above` when over 0, else no detectable difference."""
+def verdict(
+  contrast,
+  below: str,
+  above: str,
+  undecided: str = "no detectable difference (CI includes 0)",
+  missing: str = "not measured",
+) -> str:
+  """`below` when the CI (`contrast.lo`, `.hi`) is under 0, `above` when over 0, else
+  `undecided`; `missing` without a contrast."""
   if contrast is None:
-    return "not measured"
+    return missing
   if contrast.hi < 0:
     return below
   if contrast.lo > 0:
     return above
-  return "no detectable difference (CI includes 0)"
+  return undecided
 
 
 def _est(runs, cell, **kw) -> str:

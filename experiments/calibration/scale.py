@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import hypotheses
 import numpy as np
 import results as res
 from scipy import stats as sps
@@ -157,13 +158,13 @@ def kept_interval(num: list, den: list, seed: int = 0) -> tuple[float, float]:
 
 
 def direction(t: Trend | None, toward_blog: str, away: str) -> str:
-  if t is None:
-    return "not measured (fewer than two sizes)"
-  if t.hi < 0:
-    return toward_blog
-  if t.lo > 0:
-    return away
-  return "the CI includes 0: these sizes cannot tell"
+  return hypotheses.verdict(
+    t,
+    toward_blog,
+    away,
+    undecided="the CI includes 0: these sizes cannot tell",
+    missing="not measured (fewer than two sizes)",
+  )
 
 
 def _fmt_params(n: int) -> str:
