@@ -57,7 +57,7 @@ def panels(runs: dict[str, res.RunResult]) -> dict[str, list[res.RunResult]]:
 def elastic_study(runs: dict[str, res.RunResult]) -> elastic.Study:
   """Factor A's fixed-K runs per rule and every factor-E (recipe, rule), finished or not."""
   fixed = {rule: group(runs, factor="A", rule=rule) for rule in sweep_file.CORE_RULES}
-  expected = [(recipe, rule) for recipe, rules, _, _ in sweep_file.RECIPES for rule in rules]
+  expected = [(recipe, rule) for recipe, seeds, _ in sweep_file.RECIPES for rule in seeds]
   return elastic.Study(
     {rule: rs for rule, rs in fixed.items() if rs},
     {
