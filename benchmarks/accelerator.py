@@ -16,7 +16,7 @@ configs/study_calibration.py:tpu), vocab 32,768, 16 × 1024 tokens per step, bfl
 coarse 8/2/1024 and fine 64/8/256 (E/K/d_expert, the TPU preset's experts), both with
 K·d_expert = 2048, so one dense twin (d_ff 2048, train_step.dense_twin) serves both.
 
-Arms: the dense twin, then each MoE shape with every kernel in `moejax.dispatch.KERNELS`
+Arms: the dense twin, then each MoE shape with every kernel in `moejax.kernels.dispatch.KERNELS`
 meant for the platform (`Kernel.backends`), plus `ragged` where it is not (CPU and GPU: the
 densified ragged_dot, for comparison) and, on NVIDIA GPUs, `ragged` again with
 `--xla_gpu_experimental_use_ragged_dot_fusion` (cuDNN's grouped GEMM; bf16 only).
@@ -31,7 +31,7 @@ outputs + temporaries − aliased). An arm that fails (e.g. out of memory) is re
 its error, not fatal. Arms run within `--budget-s` (default 280 s, so the whole command
 stays under 5 minutes), each within `--arm-timeout`; arms past the budget are listed as
 skipped. `--xla-cache DIR` keeps compiles for a rerun. MFU and TFLOPS/device use
-`moejax.flops` (PaLM's model FLOPs). Writes OUT.json and OUT.md and prints the table.
+`moejax.sizing.flops` (PaLM's model FLOPs). Writes OUT.json and OUT.md and prints the table.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from common import interleaved_min
 from train_step import dense_twin
 
 RAGGED_FUSION_FLAG = "--xla_gpu_experimental_use_ragged_dot_fusion=true"
-FALLBACK_IMPLS = ("fused", "blocked", "ragged")  # before moejax.dispatch.KERNELS existed
+FALLBACK_IMPLS = ("fused", "blocked", "ragged")  # before moejax.kernels.dispatch.KERNELS existed
 # Measured off the platforms they are meant for, for comparison (the densified ragged_dot).
 OFF_PLATFORM_ARMS = {"cpu": ("ragged",), "cuda": ("ragged",), "rocm": ("ragged",)}
 JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
@@ -188,7 +188,9 @@ def run_arm(args, arm: Arm) -> dict:
   """Builds, compiles and times the arm's train step as moejax.train runs it."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from moejax import build, distributed, flops, sharding, trainer  # pylint: disable=import-outside-toplevel
+  from moejax import build, distributed, sharding  # pylint: disable=import-outside-toplevel
+  from moejax.sizing import flops
+  from moejax.training import trainer
 
   c = arm_config(args, arm)
   run = trainer.build(c, workdir=None)
@@ -235,7 +237,8 @@ def probe() -> dict:
   """The backend as the workers will see it (its own process: a TPU opens in one only)."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from moejax import dispatch, flops  # pylint: disable=import-outside-toplevel
+  from moejax.kernels import dispatch  # pylint: disable=import-outside-toplevel
+  from moejax.sizing import flops
 
   d = jax.devices()[0]
   platform = d.platform

@@ -1,7 +1,7 @@
 """Combining each token's K expert rows: one [T, K, D] gather then a sum, or K gathers added.
 
 Run: python benchmarks/gather_sum.py [--repeats 21]
-The combine and its transpose in `moejax/fused.py` read, for every token, the K rows its
+The combine and its transpose in `moejax/kernels/fused.py` read, for every token, the K rows its
 assignments were written to. Both forms compute the same sum (both directions of the fused
 dispatch are such gathers, never differentiated); this times them side by side at the
 study shape (K = 8) and quickstart's (K = 2).
@@ -19,7 +19,7 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 from common import interleaved_min
 
-from moejax.permute import gather_sum, take_or_zero
+from moejax.kernels.permute import gather_sum, take_or_zero
 
 CASES = [(2048, 128, 8), (2048, 128, 2)]  # T, D, K
 

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 
 from moejax import build
-from moejax import step as step_lib
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import loading
 from moejax.kgrid.forward import CellForward
+from moejax.training import step as step_lib
 
 _COMPILES: list[float] = []
 

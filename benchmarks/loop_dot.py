@@ -4,7 +4,7 @@ Run: python benchmarks/loop_dot.py [--repeats 9]
 Multiplies R = 16384 rows of width d = 128 by a [128, 64] expert matrix (the study shape's
 gate/up projection), as one large dot, as a batched einsum over 64 equal experts (no
 padding: a perfectly balanced router), and as a `fori_loop` over blocks of B rows each with
-its own expert (what `moejax/grouped.py` does), printing GFLOP/s of each, measured
+its own expert (what `moejax/kernels/grouped.py` does), printing GFLOP/s of each, measured
 interleaved in one process.
 """
 

@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import hf_olmoe
 from common import interleaved_min
 
-from moejax.layers import DenseFFN
-from moejax.moe import MoEBlock, MoEConfig
+from moejax.nn.layers import DenseFFN
+from moejax.nn.moe import MoEBlock, MoEConfig
 
 CASES = [(4096, 256, 256, 16, 4), (8192, 256, 128, 64, 8)]
 

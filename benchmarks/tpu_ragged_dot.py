@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
-from moejax import megablox
+from moejax.kernels import megablox
 
 
 def compiled_cost(fn, args) -> tuple[float, int, list[str]]:

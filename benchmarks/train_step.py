@@ -24,8 +24,9 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 from common import interleaved_min
 
-from moejax import build, sharding, trainer
-from moejax import step as step_lib
+from moejax import build, sharding
+from moejax.training import step as step_lib
+from moejax.training import trainer
 
 
 class Comparison(NamedTuple):

@@ -2,7 +2,7 @@
 
 4 layers, d_model 128, 8 experts top-2 (Mixtral merge rule: softmax, renormalized top-k),
 dropless dispatch, global-batch load-balance loss 0.01 and z-loss 0.001. Switch the merge
-rule with `--config.model.moe.rule=olmoe` (any name in moejax.routing.RULES).
+rule with `--config.model.moe.rule=olmoe` (any name in moejax.nn.routing.RULES).
 """
 
 from moejax.config import base_config

@@ -12,7 +12,7 @@ that runs after training. Usage:
 import ml_collections
 
 from moejax import config as config_lib
-from moejax.routing import RULES
+from moejax.nn.routing import RULES
 
 
 def get_config(rule: str = "mixtral") -> ml_collections.ConfigDict:

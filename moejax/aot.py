@@ -39,11 +39,14 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import build, dispatch, optim, sharding, trainer, worksheet
+from moejax import build, sharding
 from moejax import config as config_lib
-from moejax import step as step_lib
 from moejax.errors import UserError
+from moejax.kernels import dispatch
 from moejax.kgrid.forward import CellForward
+from moejax.sizing import worksheet
+from moejax.training import optim, trainer
+from moejax.training import step as step_lib
 
 GIB = 1 << 30
 TPU_GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e")

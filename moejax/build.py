@@ -17,11 +17,11 @@ import jax
 import ml_collections
 from flax import nnx
 
-from moejax import routing
-from moejax import step as step_lib
 from moejax.errors import UserError
-from moejax.model import ModelConfig, Transformer
-from moejax.moe import MoEConfig
+from moejax.nn import routing
+from moejax.nn.losses import LossConfig
+from moejax.nn.model import ModelConfig, Transformer
+from moejax.nn.moe import MoEConfig
 
 # `model.moe` keys that replace a field of the named rule (routing.compose_rule) when set:
 # the group counts when > 0, every other rule field when not None.
@@ -97,11 +97,11 @@ def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
   )
 
 
-def loss_config(c: ml_collections.ConfigDict, n_shards: int) -> step_lib.LossConfig:
+def loss_config(c: ml_collections.ConfigDict, n_shards: int) -> LossConfig:
   """The LossConfig of `loss.*` and `train.grad_accum`; `n_shards`: data-parallel shards."""
-  fields = {f.name for f in dataclasses.fields(step_lib.LossConfig)}
+  fields = {f.name for f in dataclasses.fields(LossConfig)}
   _refuse_unread(c.loss, "loss", fields - set(LOSS_FROM_RUN))
-  return step_lib.LossConfig.from_config(c, n_shards=n_shards)
+  return LossConfig.from_config(c, n_shards=n_shards)
 
 
 class _ShapeRngs:

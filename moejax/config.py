@@ -4,8 +4,8 @@ against it (keys, types, ranges) before anything is built.
 Config files under `configs/` start from `base_config()` and change what they need, so
 every run has every key (docs/design.md §5.1) and `--config.a.b=v` can override any of them.
 The `model.moe` and `loss` defaults are the dataclasses' own (`moe.MoEConfig`,
-`step.LossConfig`); `moejax.build` turns a config into those dataclasses and the model,
-`moejax.cli.load_file` loads a config file, `moejax.workdir` reads a saved one.
+`losses.LossConfig`); `moejax.build` turns a config into those dataclasses and the model,
+`moejax.cli.load_file` loads a config file, `moejax.training.workdir` reads a saved one.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import ml_collections
 from ml_collections import config_dict
 
 from moejax import build
-from moejax import data as data_lib
+from moejax.data import pipeline as data_lib
 from moejax.errors import UserError, check_choice
-from moejax.kgrid import cells
-from moejax.moe import MoEConfig
-from moejax.step import LossConfig
+from moejax.nn.moe import MoEConfig
+from moejax.nn.losses import LossConfig
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -35,7 +34,7 @@ def _config_default(field: dataclasses.Field):
 
 
 def moe_defaults() -> dict:
-  """`model.moe`: MoEConfig's fields and defaults (moejax/moe.py says what each means),
+  """`model.moe`: MoEConfig's fields and defaults (moejax/nn/moe.py says what each means),
   less those copied from `model.*`, and the merge rule's keys, unset (`routing.compose_rule`):
   `n_groups`/`topk_groups` 0, the others None."""
   fields = dataclasses.fields(MoEConfig)
@@ -71,8 +70,8 @@ def base_config() -> ml_collections.ConfigDict:
     rope_theta=10000.0,
     norm_eps=1e-6,
     dtype="float32",  # compute dtype; parameters, optimizer, router, losses stay float32
-    remat="none",  # moejax.remat.REMAT_POLICIES: none | full | minimal | dots_saveable
-    attention="xla",  # moejax.attention.ATTENTION_IMPLS: xla | dot_product | splash
+    remat="none",  # moejax.nn.remat.REMAT_POLICIES: none | full | minimal | dots_saveable
+    attention="xla",  # moejax.nn.attention.ATTENTION_IMPLS: xla | dot_product | splash
     init_std=0.02,
     moe_every=1,
     first_dense=0,
@@ -218,18 +217,6 @@ def _check_shared(c: ml_collections.ConfigDict) -> None:
     )
 
 
-def _check_eval_ks(c: ml_collections.ConfigDict) -> None:
-  """eval.k1/eval.k2 parse now, not after training."""
-  if not (c.eval.k1 or c.eval.k2) or c.model.moe_every == 0:
-    return
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
-  try:
-    k1s = cells.parse_k1(c.eval.k1, K, E)
-    cells.parse_k2(c.eval.k2, K, E, k1s)
-  except UserError as e:
-    raise UserError(f"eval.k1={c.eval.k1!r}, eval.k2={c.eval.k2!r}: {e}") from None
-
-
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks a whole config before anything is built; raises a one-line UserError naming
   the key. Typed configs (ModelConfig, MoEConfig, data) check their own fields here too."""
@@ -260,7 +247,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
   build.loss_config(c, n_shards=1)  # checks loss.balance_convention/choices
   if c.model.moe_every > 0:
     _check_shared(c)
-  _check_eval_ks(c)
 
 
 def warnings(c: ml_collections.ConfigDict) -> list[str]:

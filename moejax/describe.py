@@ -1,6 +1,6 @@
 """The seed-004 worksheet of any config: what the model is, with its parameters counted.
 
-`worksheet(c, vocab_size)` builds the real `moejax.model.Transformer` with shapes only
+`worksheet(c, vocab_size)` builds the real `moejax.nn.model.Transformer` with shapes only
 (`build.abstract_params`: nothing is allocated, so a 671B model takes seconds) and groups its
 parameter leaves by path, each counted by `build.param_count` (the trainer's count is their
 sum); `format_worksheet` renders it as text. The trainer stores `to_dict()` under
@@ -30,7 +30,7 @@ import ml_collections
 from moejax import aot, sharding
 from moejax import config as config_lib
 from moejax.errors import UserError
-from moejax.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
+from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
   count_groups,
   format_worksheet,
   group_of,

@@ -28,7 +28,8 @@ import re
 
 import pytest
 
-from moejax import aot, cli, dispatch
+from moejax import aot, cli
+from moejax.kernels import dispatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGY = "v5e:2x4"  # 8 chips: mesh (data, fsdp, expert) = (2, 2, 2) shards every axis

@@ -1,4 +1,4 @@
-"""Attention implementations (moejax.attention, `model.attention`) against references.
+"""Attention implementations (moejax.nn.attention, `model.attention`) against references.
 
 Each impl is checked on CPU: the function against a NumPy loop (forward) and a plain jnp
 formula written here (gradients), causal with grouped-query heads; the `Attention`
@@ -18,9 +18,9 @@ import pytest
 from failure_helpers import results_on_host_devices
 from flax import nnx
 
-from moejax.attention import ATTENTION_IMPLS, splash_attention
 from moejax.errors import UserError
-from moejax.layers import Attention
+from moejax.nn.attention import ATTENTION_IMPLS, splash_attention
+from moejax.nn.layers import Attention
 
 B, L, H, G, K = 2, 128, 4, 2, 8
 IMPLS = tuple(ATTENTION_IMPLS)
@@ -144,7 +144,7 @@ SHARD_SCRIPT = textwrap.dedent(r"""
   import json
   import jax, jax.numpy as jnp, numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  from moejax.attention import splash_attention
+  from moejax.nn.attention import splash_attention
   mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 1), ("data", "fsdp", "expert"))
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.normal(size=(4, 128, 4, 8)), jnp.float32)

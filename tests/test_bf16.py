@@ -22,10 +22,11 @@ import pytest
 from failure_helpers import override
 from flax import nnx
 
-from moejax import build, cli, trainer
-from moejax import step as step_lib
-from moejax.model import ModelConfig, Transformer
-from moejax.moe import MoEConfig
+from moejax import build, cli
+from moejax.nn.model import ModelConfig, Transformer
+from moejax.nn.moe import MoEConfig
+from moejax.training import step as step_lib
+from moejax.training import trainer
 
 STEPS = 60
 SHAPE = {

@@ -14,8 +14,10 @@ import ml_collections
 import pytest
 from failure_helpers import tiny
 
-from moejax import routing, trainer
 from moejax.errors import UserError
+from moejax.kgrid import cells
+from moejax.nn import routing
+from moejax.training import trainer
 
 N_FUZZ = 360
 
@@ -118,11 +120,18 @@ def fuzz_cases(n: int, seed: int = 0) -> list[tuple[dict, str]]:
   return cases
 
 
+def check(c: ml_collections.ConfigDict) -> None:
+  """What `python -m moejax.train` checks before it builds anything: the config and the
+  grid's cells (eval.k1/eval.k2)."""
+  cells.check_eval(c)
+  trainer.check_config(c)
+
+
 def test_the_valid_base_and_noise_pass():
-  trainer.check_config(tiny())
+  check(tiny())
   for key, values in NOISE.items():
     for value in values:
-      trainer.check_config(with_values({key: value}))
+      check(with_values({key: value}))
 
 
 def test_fuzz_invalid_configs_rejected_before_compiling_naming_the_key():
@@ -135,7 +144,7 @@ def test_fuzz_invalid_configs_rejected_before_compiling_naming_the_key():
   failures = []
   for values, name in cases:
     try:
-      trainer.check_config(with_values(values))
+      check(with_values(values))
     except UserError as e:
       line = str(e)
       if "\n" in line or name not in line:
@@ -156,4 +165,4 @@ def test_every_named_rule_validates_with_its_shared_expert(rule):
   values = {"model.moe.rule": rule, "model.moe.d_shared": 16 if shared != "none" else 0}
   if routing.RULES[rule].n_groups > 1:
     values["model.moe.n_experts"] = 2 * routing.RULES[rule].n_groups
-  trainer.check_config(with_values(values))
+  check(with_values(values))

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax import build, losses, routing
+from moejax import build
 from moejax import config as config_lib
-from moejax import workdir as workdir_lib
-from moejax.model import ModelConfig, Transformer, is_moe_layer
+from moejax.nn import losses, routing
+from moejax.nn.model import ModelConfig, Transformer, is_moe_layer
+from moejax.training import workdir as workdir_lib
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 VOCAB_SIZE = 257  # the byte tokenizer's vocabulary

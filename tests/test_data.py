@@ -1,4 +1,4 @@
-"""Tests for moejax.data, moejax.corpora and moejax.tokenizer."""
+"""Tests for moejax.data.pipeline, moejax.data.corpora and moejax.data.tokenizer."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from moejax import corpora, tokenizer
-from moejax.data import (
+from moejax.data import corpora, tokenizer
+from moejax.data.pipeline import (
   check_heldout,
   complete,
   heldout_mask,
@@ -118,7 +118,7 @@ def test_eval_batches_are_the_first_heldout_windows(caplog):
   b = data.eval_batches(3, 2)
   assert [x.shape for x in b] == [(2, 33), (1, 33)] and all(x.dtype == np.int32 for x in b)
   np.testing.assert_array_equal(np.concatenate(b), data.heldout_windows[:3])
-  with caplog.at_level(logging.WARNING, logger="moejax.data"):
+  with caplog.at_level(logging.WARNING, logger="moejax.data.pipeline"):
     got = data.eval_batches(have + 10, 64)
   assert sum(len(x) for x in got) == have and "< the" in caplog.text
   tiny = make_data(

@@ -162,7 +162,7 @@ def test_text_states_router_capacity_losses_and_mesh(sheets):
 
 def test_trainer_records_the_worksheet():
   """config.json's resolved.worksheet; its counts agree with the trainer's own count."""
-  from moejax import trainer  # pylint: disable=import-outside-toplevel
+  from moejax.training import trainer  # pylint: disable=import-outside-toplevel
 
   c = tiny(vocab_size=0)
   params = build.abstract_params(build.model_config(c, 257))

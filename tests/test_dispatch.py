@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import dispatch as dsp
-from moejax import plans
 from moejax.errors import UserError
-from moejax.permute import gather_sum, take_rows
+from moejax.kernels import dispatch as dsp
+from moejax.kernels import plans
+from moejax.kernels.permute import gather_sum, take_rows
 
 D, F = 8, 6
 
@@ -358,7 +358,7 @@ def test_auto_impl_on_this_host_is_the_table_entry_of_its_backend():
 def test_block_drop_fraction_matches_reference_policy():
   from flax import nnx
 
-  from moejax.moe import MoEBlock, MoEConfig
+  from moejax.nn.moe import MoEBlock, MoEConfig
 
   T, E, K = 32, 4, 2
   cfg = MoEConfig(

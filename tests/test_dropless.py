@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import dispatch as dsp
-from moejax import plans
+from moejax.kernels import dispatch as dsp
+from moejax.kernels import plans
 
 T, D, F, E, BLOCK = 64, 8, 6, 4, 4
 

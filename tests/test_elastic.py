@@ -16,10 +16,14 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
   tiny,
 )
 
-from moejax import elastic, plans, routing, sharding, trainer
-from moejax import step as step_lib
+from moejax import sharding
 from moejax.errors import UserError
-from moejax.moe import MoEConfig
+from moejax.kernels import plans
+from moejax.nn import elastic, routing
+from moejax.nn.losses import LossConfig
+from moejax.nn.moe import MoEConfig
+from moejax.training import step as step_lib
+from moejax.training import trainer
 
 T, E, K = 24, 8, 4
 
@@ -139,7 +143,7 @@ BASE = {"model.moe.n_experts": 8, "model.moe.top_k": 4, "data.seq_len": 16}
 def _step(**moe):
   c = tiny(**{k.replace(".", "__"): v for k, v in BASE.items()}, **moe)
   run = trainer.build(c, workdir=None)
-  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   fn = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
   return run, fn
 
@@ -203,7 +207,7 @@ def test_native_eval_of_a_top_k_trained_model_divides_by_the_top_k_mass(rule):
   is the rule's own normalization (which for olmoe is no division at all)."""
   from flax import nnx
 
-  from moejax.moe import MoEBlock
+  from moejax.nn.moe import MoEBlock
 
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 16)), jnp.float32)
   out = {}

@@ -28,11 +28,11 @@ from failure_helpers import (  # fast_compiles: autouse for this module
 )
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from moejax import checkpoint, loop, nonfinite, trainer
-from moejax import workdir as workdir_lib
 from moejax.config import base_config
 from moejax.errors import UserError
 from moejax.kgrid.run import run_grid
+from moejax.training import checkpoint, loop, nonfinite, trainer
+from moejax.training import workdir as workdir_lib
 
 STEPS, LOG, EVAL, CKPT = 12, 5, 7, 4
 CONFIG = tiny(

@@ -1,4 +1,4 @@
-"""Model FLOPs per token (moejax.flops) against hand counts, the peak table's matcher, and the
+"""Model FLOPs per token (moejax.sizing.flops) against hand counts, the peak table's matcher, and the
 perf/ metrics of a short training run on CPU."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import pytest
 from failure_helpers import TINY_RUN, fast_compiles, metric_rows, tiny  # noqa: F401
 from flax import nnx
 
-from moejax import build, flops, trainer
-from moejax.model import ModelConfig, Transformer
-from moejax.moe import MoEConfig
+from moejax import build
+from moejax.nn.model import ModelConfig, Transformer
+from moejax.nn.moe import MoEConfig
+from moejax.sizing import flops
+from moejax.training import trainer
 
 SEQ_LEN = 7
 

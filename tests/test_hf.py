@@ -21,11 +21,11 @@ from safetensors.numpy import load_file, save_file
 
 from moejax import build
 from moejax import config as config_lib
-from moejax import workdir as workdir_lib
 from moejax.errors import UserError
 from moejax.hf import runstate
 from moejax.hf.exporter import export_run
 from moejax.hf.importer import import_checkpoint
+from moejax.training import workdir as workdir_lib
 
 V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
 COMMON = {
@@ -229,7 +229,7 @@ def test_import_errors_name_the_tensor_or_key(imported, tmp_path):
 def test_grid_on_imported_model(imported):
   """`moejax.evaluate`'s grid runs on an imported model; its native K loss is transformers'
   cross-entropy on the same held-out windows."""
-  from moejax.data import make_data
+  from moejax.data.pipeline import make_data
   from moejax.kgrid.run import run_grid
 
   hf, run, _, _ = imported["olmoe"]
@@ -262,7 +262,7 @@ def test_grid_on_imported_model(imported):
 def test_imported_run_is_for_evaluation_only(imported):
   """The checkpoint holds step, params and router biases only (no optimizer moments), and
   training on it is refused in one line naming the run."""
-  from moejax.hf import guard
+  from moejax.training import workdir
 
   _, run, _, src = imported["mixtral"]
   meta = json.loads((run / "checkpoints" / "0" / "state" / "_METADATA").read_text())
@@ -270,5 +270,5 @@ def test_imported_run_is_for_evaluation_only(imported):
   assert tops == {"step", "params", "router"}
   saved = json.loads((run / "config.json").read_text())
   with pytest.raises(UserError, match=f"imported from {src}: imported runs are for evaluation"):
-    guard.refuse_training(saved, str(run / "config.json"))
-  guard.refuse_training({k: v for k, v in saved.items() if k != "resolved"}, "trained")
+    workdir.refuse_imported(saved, str(run / "config.json"))
+  workdir.refuse_imported({k: v for k, v in saved.items() if k != "resolved"}, "trained")

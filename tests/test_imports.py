@@ -1,6 +1,6 @@
-"""The import graph of `moejax/`, read with `ast` (nothing is imported): no cycles, and no
-import inside a function body unless it is allow-listed below with its reason, so that a
-lazy import cannot hide a cycle.
+"""The import graph of `moejax/`, read with `ast` (nothing is imported): no cycles, every
+import runs down the declared package layers (LAYERS), and no import inside a function body
+unless it is allow-listed below with its reason, so that a lazy import cannot hide a cycle.
 
 Edges are every `import` / `from ... import` anywhere in a module, at module level or in a
 function. Importing `a.b.c` also runs the `__init__.py` of `a` and `a.b`, so those count as
@@ -23,14 +23,16 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   # entry points: flags are parsed (and bad ones refused) before the slow jax import, and
   # jax.distributed.initialize() runs before any module that touches JAX is imported
   ("moejax/train.py", "from moejax import distributed"): "entry point, before jax",
-  ("moejax/train.py", "from moejax import runio, trainer"): "entry point, after initialize()",
+  ("moejax/train.py", "from moejax import config as config_lib"): "entry point, after initialize()",
+  ("moejax/train.py", "from moejax import runio"): "entry point, after initialize()",
+  ("moejax/train.py", "from moejax.training import trainer"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.kgrid.run import run_grid"): "entry point, after initialize()",
   ("moejax/evaluate.py", "from moejax import distributed, runio"): "entry point, before jax",
   ("moejax/evaluate.py", "from moejax.kgrid.run import run_grid"): "entry point, after init",
   ("moejax/hf/__main__.py", "from moejax.hf.importer import import_checkpoint"): "torch",
   ("moejax/hf/__main__.py", "from moejax.hf.exporter import export_run"): "torch",
   # optional or heavy third-party modules, loaded only when the feature is used
-  ("moejax/tracking.py", "import wandb"): "wandb (~3 s), only when wandb is on",
+  ("moejax/training/tracking.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/kgrid/run.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/kgrid/report.py", "import matplotlib"): "matplotlib (~1.5 s), only for k_grid.png",
   ("moejax/kgrid/report.py", "from matplotlib.figure import Figure"): "matplotlib",
@@ -39,12 +41,65 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/aot.py", "import libtpu"): "optional: the tpu extra (probes whether it is there)",
   ("moejax/aot.py", "from jax.experimental import topologies"): "TPU topologies, AOT only",
   # to hoist (files other work is editing; no cycle behind them today)
-  ("moejax/trainer.py", "from tqdm import tqdm"): "to hoist",
+  ("moejax/training/trainer.py", "from tqdm import tqdm"): "to hoist",
   ("moejax/describe.py", "from absl import flags"): "CLI main: to review",
   ("moejax/describe.py", "from ml_collections import config_flags"): "CLI main: to review",
   ("moejax/describe.py", "from moejax import cli"): "CLI main: to review",
   ("moejax/describe.py", "import json"): "to hoist",
 }
+
+
+# The layers of moejax, lowest first: a module imports only modules of its own layer or of
+# lower ones (docs/design.md §8). An entry is a package (every module under it) or one
+# top-level module; `moejax` itself (its __init__) is the base.
+LAYERS: tuple[tuple[str, ...], ...] = (
+  # base: what every layer uses
+  (
+    "moejax",
+    "moejax.errors",
+    "moejax.runio",
+    "moejax.stats",
+    "moejax.distributed",
+    "moejax.sharding",
+    "moejax.cli",
+  ),
+  ("moejax.kernels",),  # dispatch plans and the kernels
+  ("moejax.nn",),  # routing, the MoE block, attention, the Transformer, losses
+  ("moejax.data",),  # corpora, tokenizers, the grain pipeline
+  ("moejax.build", "moejax.config"),  # a config's schema and what it builds
+  ("moejax.sizing",),  # the worksheet and model FLOPs
+  ("moejax.training",),  # the step, checkpoints, the run directory, loop and trainer
+  ("moejax.kgrid",),  # the k1:k2 grid of a checkpoint
+  ("moejax.hf",),  # transformers checkpoints in and out
+  ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
+  ("moejax.train", "moejax.evaluate", "moejax.describe"),  # the entry points
+)
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+  """The index of the layer whose entry is `module` or a package above it (longest wins)."""
+  best = None, -1
+  for i, entries in enumerate(layers):
+    for entry in entries:
+      inside = entry != PACKAGE and module.startswith(entry + ".")  # `moejax` is its __init__
+      if (module == entry or inside) and len(entry) > best[1]:
+        best = i, len(entry)
+  return best[0]
+
+
+def upward_imports(edges: dict[str, dict[str, "Import"]], layers=LAYERS) -> list[str]:
+  """'file:line imports X (layer j) from layer i < j' for each import against the layers."""
+  out = []
+  for name, targets in sorted(edges.items()):
+    here = layer_of(name, layers)
+    for target, imp in sorted(targets.items()):
+      there = layer_of(target, layers)
+      if here is not None and there is not None and there > here:
+        out.append(
+          f"{imp.path}:{imp.line} ({layers[here][0]}, layer {here}) imports {target} "
+          f"({layers[there][0]}, layer {there}): {imp.statement}"
+        )
+  return out
 
 
 class Import(NamedTuple):
@@ -189,6 +244,38 @@ def test_no_import_cycles():
   edges = graph()
   cycle = find_cycle(edges)
   assert cycle is None, describe_cycle(cycle, edges)
+
+
+def test_every_module_has_a_layer():
+  missing = sorted(name for name in package_files() if layer_of(name) is None)
+  assert not missing, f"modules in no entry of tests/test_imports.py LAYERS: {missing}"
+
+
+def test_imports_run_down_the_layers():
+  upward = upward_imports(graph())
+  assert not upward, "imports against the layers (docs/design.md §8):\n" + "\n".join(upward)
+
+
+def test_an_upward_import_is_caught_naming_both_files(tmp_path):
+  """A hand-made package with two layers: lo -> hi is caught, hi -> lo and a module-level
+  import inside one layer are not."""
+  _write(
+    tmp_path,
+    {
+      "moejax/__init__.py": "",
+      "moejax/lo/__init__.py": "",
+      "moejax/lo/a.py": "x = 1\n",
+      "moejax/lo/b.py": "from moejax.lo import a\n\n\ndef f():\n  from moejax.hi import c\n",
+      "moejax/hi/__init__.py": "",
+      "moejax/hi/c.py": "from moejax.lo import a\n",
+    },
+  )
+  layers = (("moejax",), ("moejax.lo",), ("moejax.hi",))
+  found = upward_imports(graph(tmp_path), layers)
+  assert len(found) == 2, found  # b -> moejax.hi (its __init__) and b -> moejax.hi.c
+  assert all(f.startswith("moejax/lo/b.py:5 (moejax.lo, layer 1) imports moejax.hi") for f in found)
+  assert layer_of("moejax.hi.c", layers) == 2 and layer_of("moejax", layers) == 0
+  assert layer_of("moejax.other", layers) is None  # a new top-level module must be placed
 
 
 def test_no_unlisted_imports_inside_functions():

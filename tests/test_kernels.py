@@ -12,11 +12,13 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
 )
 from jax import export
 
-from moejax import dispatch as dsp
-from moejax import sharding, trainer
-from moejax import step as step_lib
+from moejax import sharding
 from moejax.errors import UserError
-from moejax.moe import MoEConfig
+from moejax.kernels import dispatch as dsp
+from moejax.nn.losses import LossConfig
+from moejax.nn.moe import MoEConfig
+from moejax.training import step as step_lib
+from moejax.training import trainer
 
 
 def test_every_kernel_declares_backends_modes_and_a_description():
@@ -49,7 +51,7 @@ def _exported(impl: str, platform: str) -> str:
   """StableHLO of the trainer's jitted train step (tiny config), exported for `platform`."""
   c = tiny(model__moe__impl=impl)
   run = trainer.build(c, workdir=None)
-  lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   tokens = next(run.data.train_iterator())["tokens"]
   exp = export.export(jax.jit(step_fn), platforms=(platform,))(run.state, tokens, jax.random.key(0))
@@ -77,7 +79,8 @@ MEGABLOX_MESH_SCRIPT = """
 import json
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from moejax import dispatch as dsp, sharding
+from moejax import sharding
+from moejax.kernels import dispatch as dsp
 mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 1), ("data", "fsdp", "expert"))
 r = np.random.default_rng(0)
 T, D, F, E, K = 64, 16, 8, 4, 2

@@ -1,4 +1,4 @@
-"""moejax.losses against plain-NumPy loop references."""
+"""moejax.nn.losses against plain-NumPy loop references."""
 
 import functools
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import losses
 from moejax.errors import UserError
+from moejax.nn import losses
 
 _ce = jax.jit(losses.cross_entropy)
 _lb = jax.jit(losses.load_balance_loss, static_argnames=("granularity", "n_shards"))

@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax import build, optim, sharding
+from moejax import build, sharding
 from moejax import config as config_lib
-from moejax import step as step_lib
 from moejax.errors import UserError
-from moejax.model import ModelConfig, Transformer
-from moejax.moe import MoEConfig
-from moejax.remat import REMAT_POLICIES
+from moejax.nn.losses import LossConfig
+from moejax.nn.model import ModelConfig, Transformer
+from moejax.nn.moe import MoEConfig
+from moejax.nn.remat import REMAT_POLICIES
+from moejax.training import optim
+from moejax.training import step as step_lib
 
 # XLA:CPU's default scheduler orders for concurrency and runs a checkpointed block's
 # recomputation as soon as its inputs exist, which hides what remat saves; the
@@ -43,7 +45,7 @@ def loss_and_grads(remat: str):
   tokens = jax.random.randint(jax.random.key(1), (2, 17), 0, 32)
   fn = jax.value_and_grad(step_lib.forward_loss, argnums=1, has_aux=True)
   (loss, (metrics, _)), grads = jax.jit(fn, static_argnums=(0, 5))(
-    graphdef, params, router, tokens, jax.random.key(2), step_lib.LossConfig()
+    graphdef, params, router, tokens, jax.random.key(2), LossConfig()
   )
   return loss, metrics, grads
 
@@ -80,7 +82,7 @@ def grad_temp_bytes(remat: str) -> int:
   fn = jax.value_and_grad(step_lib.forward_loss, argnums=1, has_aux=True)
   tokens = jax.ShapeDtypeStruct((8, 129), jnp.int32)
   lowered = jax.jit(fn, static_argnums=(0, 5)).lower(
-    graphdef, params, router, tokens, jax.random.key(0), step_lib.LossConfig()
+    graphdef, params, router, tokens, jax.random.key(0), LossConfig()
   )
   return lowered.compile(MEMORY_SCHEDULER).memory_analysis().temp_size_in_bytes
 

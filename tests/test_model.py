@@ -1,4 +1,4 @@
-"""Tests for moejax.layers and moejax.model: NumPy references, causality, param tree, jit."""
+"""Tests for moejax.nn.layers and moejax.nn.model: NumPy references, causality, param tree, jit."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import pytest
 from flax import nnx
 
 from moejax.errors import UserError
-from moejax.layers import Attention, DenseFFN, RMSNorm, rope
-from moejax.model import ModelConfig, Transformer, is_moe_layer
-from moejax.moe import MoEBlock, MoEConfig
-
+from moejax.nn.layers import Attention, DenseFFN, RMSNorm, rope
+from moejax.nn.model import ModelConfig, Transformer, is_moe_layer
+from moejax.nn.moe import MoEBlock, MoEConfig
 
 TINY = dict(vocab_size=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=24)
 
@@ -240,7 +239,7 @@ def test_split_jit_merge_matches_eager(tie: bool):
   hash(nnx.graphdef(model))  # graphdef usable as a static jit argument
 
 
-# --- MoE layers (moejax.moe) ---------------------------------------------------------------
+# --- MoE layers (moejax.nn.moe) ---------------------------------------------------------------
 
 
 def moe_config(**kw) -> ModelConfig:

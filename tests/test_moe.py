@@ -1,4 +1,4 @@
-"""moejax.moe.MoEBlock against an independent NumPy forward pass (docs/design.md §2, §4, §6).
+"""moejax.nn.moe.MoEBlock against an independent NumPy forward pass (docs/design.md §2, §4, §6).
 
 The reference reads the block's own parameters and recomputes router scores, top-k, the
 rule's normalization, the SwiGLU experts, the shared expert and the diagnostics in float64,
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax import losses
-from moejax.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
+from moejax.nn import losses
+from moejax.nn.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
 
 D, F, E, K, T, FS = 16, 8, 8, 2, 12, 8  # d_model, d_expert, experts, top_k, tokens, d_shared
 

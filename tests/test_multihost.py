@@ -24,7 +24,7 @@ import pytest
 from failure_helpers import TINY_RUN
 
 from moejax import distributed
-from moejax.data import TrainIterator
+from moejax.data.pipeline import TrainIterator
 from moejax.distributed import Shard
 from moejax.errors import UserError
 

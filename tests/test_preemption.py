@@ -15,7 +15,7 @@ import time
 import pytest
 from failure_helpers import TINY, assert_trees_equal, cli_args, metric_rows, same_rows, tiny
 
-from moejax import checkpoint, trainer
+from moejax.training import checkpoint, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16

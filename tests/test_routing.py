@@ -1,4 +1,4 @@
-"""moejax.routing against a plain-NumPy reference written from docs/design.md §2.
+"""moejax.nn.routing against a plain-NumPy reference written from docs/design.md §2.
 
 The reference (`ref_route`) is a per-token loop in float64 that takes the rule's fields as
 plain arguments (written from the table in docs/design.md §2, never read from `RULES`), so every
@@ -15,8 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import routing
-from moejax.routing import RULES, MergeRule, get_rule, jitter, route, shared_coefficient, validate
+from moejax.nn import routing
+from moejax.nn.routing import (
+  RULES,
+  MergeRule,
+  get_rule,
+  jitter,
+  route,
+  shared_coefficient,
+  validate,
+)
 
 # docs/design.md §2, one row per named rule. Fields not given take the dataclass defaults
 # (lp=1.0, selection_bias=False, n_groups=topk_groups=1).

@@ -19,12 +19,13 @@ import textwrap
 import pytest
 from failure_helpers import results_on_host_devices
 
-
 SCRIPT = textwrap.dedent(r'''
   import json, sys
   import jax, jax.numpy as jnp, numpy as np
-  from moejax import config as config_lib, optim, sharding, trainer, step as step_lib
+  from moejax import config as config_lib, sharding
+  from moejax.training import optim, trainer, step as step_lib
   from moejax.errors import UserError
+  from moejax.nn.losses import LossConfig
   sys.path.insert(0, "tests")  # the script runs with the repository as its cwd
   from failure_helpers import TINY_SHAPE, override
 
@@ -49,7 +50,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # Sharded, exactly as trainer.train runs it.
     shardings = sharding.state_sharding(run.state, run.mesh)
-    lc = step_lib.LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+    lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
     fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
                  out_shardings=(shardings, None))
     batch = jax.device_put(tokens, sharding.batch_sharding(run.mesh))
@@ -70,7 +71,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # One device, no shardings.
     dev0 = jax.devices()[0]
-    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, step_lib.LossConfig.from_config(c, n_shards=1),
+    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, LossConfig.from_config(c, n_shards=1),
                                             schedule))
     ref = jax.device_put(host_state, dev0)
     ref_batch = jax.device_put(tokens, dev0)
@@ -113,7 +114,7 @@ SCRIPT = textwrap.dedent(r'''
   def cross_mesh_restore(save_mesh, restore_mesh):
     """Save a perturbed state on one mesh, restore it onto another."""
     import tempfile
-    from moejax import checkpoint
+    from moejax.training import checkpoint
     a = trainer.build(config(**save_mesh), None)
     b = trainer.build(config(**restore_mesh), None)
     saved = jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.floating) else x + 7,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from moejax import tracking
+from moejax.training import tracking
 
 
 def test_metrics_rows_and_nonfinite_as_null(tmp_path):

@@ -32,8 +32,10 @@ from failure_helpers import (  # fast_compiles: autouse for this module
 )
 from flax import nnx
 
-from moejax import checkpoint, optim, sharding, trainer
-from moejax import step as step_lib
+from moejax import sharding
+from moejax.nn.losses import LossConfig
+from moejax.training import checkpoint, optim, trainer
+from moejax.training import step as step_lib
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 QUIET = {"log": lambda *a: None}
@@ -47,9 +49,9 @@ def tiny_config(**values) -> ml_collections.ConfigDict:
   return tiny(TINY, **values)
 
 
-def loss_config(c: ml_collections.ConfigDict, **changes) -> step_lib.LossConfig:
+def loss_config(c: ml_collections.ConfigDict, **changes) -> LossConfig:
   """The LossConfig trainer.train builds from `c` (one device: n_shards 1)."""
-  return dataclasses.replace(step_lib.LossConfig.from_config(c, n_shards=1), **changes)
+  return dataclasses.replace(LossConfig.from_config(c, n_shards=1), **changes)
 
 
 def first_batch(run: trainer.Run) -> jax.Array:
@@ -57,7 +59,7 @@ def first_batch(run: trainer.Run) -> jax.Array:
 
 
 def restore(workdir: str, abstract_state, step: int | None = None):
-  """(step, state, data_state) of a run's checkpoint, via moejax.checkpoint."""
+  """(step, state, data_state) of a run's checkpoint, via moejax.training.checkpoint."""
   return checkpoint.restore(checkpoint.manager(workdir), abstract_state, step)
 
 
@@ -90,7 +92,7 @@ BASE = {
 }
 
 
-def trainer_jit(run: trainer.Run, lc: step_lib.LossConfig | None = None):
+def trainer_jit(run: trainer.Run, lc: LossConfig | None = None):
   """The train step jitted exactly as trainer.train does (same executable, cache hit)."""
   c = run.config
   tx, schedule = optim.optimizer(c)

@@ -16,10 +16,10 @@ from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from moejax import build
-from moejax import workdir as workdir_lib
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
+from moejax.training import workdir as workdir_lib
 
 SHARD_BYTES = 4 * 2**30
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from moejax import routing
 from moejax.errors import UserError
+from moejax.nn import routing
 
 
 @dataclasses.dataclass(frozen=True)

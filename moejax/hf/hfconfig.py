@@ -7,7 +7,7 @@ from typing import Any
 from moejax import build
 from moejax.errors import UserError
 from moejax.hf import families as fl
-from moejax.model import is_moe_layer
+from moejax.nn.model import is_moe_layer
 
 
 def to_moejax(hf: dict, fam: fl.Family, where: str) -> dict[str, Any]:

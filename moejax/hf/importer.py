@@ -17,10 +17,10 @@ from tqdm import tqdm
 
 from moejax import build
 from moejax import config as config_lib
+from moejax.data.tokenizer import HFTokenizer
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
-from moejax.tokenizer import HFTokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved

@@ -17,9 +17,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from moejax import build, checkpoint
-from moejax import step as step_lib
-from moejax.model import ModelConfig, Transformer
+from moejax import build
+from moejax.nn.model import ModelConfig, Transformer
+from moejax.training import checkpoint
+from moejax.training import step as step_lib
 
 Path = tuple
 

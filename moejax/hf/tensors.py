@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from moejax.hf.families import Family
-from moejax.model import ModelConfig, is_moe_layer
+from moejax.nn.model import ModelConfig, is_moe_layer
 
 Path = tuple  # a moejax parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel")
 

@@ -139,3 +139,15 @@ def cells(
 def calibrated(labels: list[str | int]) -> list[str]:
   """The labels of `labels` whose cells are fitted on the calibration split (`gain`)."""
   return [k2 for k2 in dict.fromkeys(labels) if k2 in RESCALINGS and RESCALINGS[k2].calibrated]
+
+
+def check_eval(c) -> None:
+  """A config's eval.k1/eval.k2 parse now, not after training (`python -m moejax.train`
+  checks them with the rest of the config, before anything is built)."""
+  if not (c.eval.k1 or c.eval.k2) or c.model.moe_every == 0:
+    return
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  try:
+    parse_k2(c.eval.k2, K, E, parse_k1(c.eval.k1, K, E))
+  except UserError as e:
+    raise UserError(f"eval.k1={c.eval.k1!r}, eval.k2={c.eval.k2!r}: {e}") from None

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.moe import EvalDiagnostics, RouterOut
-from moejax.step import eval_forward
+from moejax.nn.moe import EvalDiagnostics, RouterOut
+from moejax.training.step import eval_forward
 
 # Per-layer block diagnostics averaged over sequences; `*_rms` are averaged as mean squares.
 LAYER_STATS = (

@@ -13,12 +13,12 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax import checkpoint
-from moejax import data as data_lib
-from moejax import workdir as workdir_lib
 from moejax.build import abstract_model
+from moejax.data import pipeline as data_lib
 from moejax.errors import UserError
-from moejax.moe import RouterBias
+from moejax.nn.moe import RouterBias
+from moejax.training import checkpoint
+from moejax.training import workdir as workdir_lib
 
 
 class EvalRun(NamedTuple):

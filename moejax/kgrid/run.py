@@ -15,7 +15,8 @@ import os
 
 import numpy as np
 
-from moejax import build, corpora, distributed, routing, runio
+from moejax import build, distributed, runio
+from moejax.data import corpora
 from moejax.errors import UserError
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import gain as gain_lib
@@ -23,7 +24,8 @@ from moejax.kgrid import report
 from moejax.kgrid import rows as rows_lib
 from moejax.kgrid.forward import CellForward, CellResult
 from moejax.kgrid.loading import load_config, load_run
-from moejax.tracking import wandb_dir, wandb_mode
+from moejax.nn import routing
+from moejax.training.tracking import wandb_dir, wandb_mode
 
 
 def _batches(windows_NxL1: np.ndarray, batch_size: int) -> list[np.ndarray]:

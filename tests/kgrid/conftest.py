@@ -21,10 +21,10 @@ import jax
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from moejax import trainer
 from moejax.kgrid import forward, loading
 from moejax.kgrid.loading import load_config
 from moejax.kgrid.run import run_grid
+from moejax.training import trainer
 
 from .helpers import (
   BAD,

@@ -1,6 +1,6 @@
 """Shared pieces of the k1:k2 grid tests (docs/design.md §2 k2 override, §7): the tiny run's
 config, run-directory and CLI helpers, and a NumPy forward pass written here from the
-parameters alone, with its own routing formula (no moejax.routing, no MoE block), that cell
+parameters alone, with its own routing formula (no moejax.nn.routing, no MoE block), that cell
 losses are checked against."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from moejax import checkpoint, trainer
 from moejax import config as config_lib
 from moejax.kgrid.loading import load_config
+from moejax.training import checkpoint, trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K, E = 4, 8  # the trained top-k and expert count
@@ -231,7 +231,7 @@ def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, 
   return out | {name: [m[name] for m in masses] for name in ("mass_k1", "mass_K", "mass_k2")}
 
 
-RULES = {  # docs/design.md §2 rows, written out (not read from moejax.routing)
+RULES = {  # docs/design.md §2 rows, written out (not read from moejax.nn.routing)
   "mixtral": {"score": "softmax", "norm": "sum"},
   "olmoe": {"score": "softmax", "norm": "none"},
   "deepseek_v3": {

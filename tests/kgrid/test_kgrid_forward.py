@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import routing
 from moejax.kgrid import report
+from moejax.nn import routing
 
 from .helpers import E, K, assert_row_matches, cells_of, expected_row, read, reference_cells
 

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from moejax import checkpoint, trainer
 from moejax.kgrid import forward, gain
 from moejax.kgrid.loading import load_config
+from moejax.training import checkpoint, trainer
 
 from .helpers import BATCH, CALIB, RULES, SEQUENCES, K, cells_of, my_forward
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax import checkpoint, trainer
 from moejax.kgrid.run import run_grid
+from moejax.training import checkpoint, trainer
 
 from .helpers import BATCH, GRID, E, K, cells_of, read
 

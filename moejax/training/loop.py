@@ -1,7 +1,7 @@
 """The train loop (nanodo's shape): log, eval and checkpoint each fire on their own cadence.
 
 A step's metrics are fetched after the next step has been dispatched, so logging does not
-stall the device; the non-finite flag (moejax.nonfinite) is checked for every step. Steps
+stall the device; the non-finite flag (moejax.training.nonfinite) is checked for every step. Steps
 that evaluate or checkpoint fetch at once: their state is needed before the next step
 donates it. The last step does everything; a SIGTERM/SIGINT checkpoints the current step.
 """
@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from moejax import checkpoint, flops, nonfinite
+from moejax.sizing import flops
+from moejax.training import checkpoint, nonfinite
 
 
 class Diverged(RuntimeError):
@@ -44,7 +45,7 @@ class LoopConfig(NamedTuple):
   log_every: int
   eval_every: int
   ckpt_every: int
-  on_nonfinite: str  # stop | skip (moejax.nonfinite.POLICIES)
+  on_nonfinite: str  # stop | skip (moejax.training.nonfinite.POLICIES)
   max_skips: int  # with skip: stop after more than this many skipped steps in a row
 
   @classmethod

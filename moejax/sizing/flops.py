@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import jax
 
-from moejax.model import ModelConfig, is_moe_layer
+from moejax.nn.model import ModelConfig, is_moe_layer
 
 TFLOPS_METRIC = "perf/tflops_per_device"
 MFU_METRIC = "perf/mfu"

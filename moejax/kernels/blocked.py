@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import jax
 
-from moejax import plans
-from moejax.grouped import grouped_swiglu
+from moejax.kernels import plans
+from moejax.kernels.grouped import grouped_swiglu
 
 
 def run(a: plans.KernelArgs) -> jax.Array:

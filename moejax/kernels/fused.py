@@ -21,8 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax.grouped import _backward, _forward
-from moejax.permute import float0_like, gather_sum, take_rows
+from moejax.kernels.grouped import _backward, _forward
+from moejax.kernels.permute import float0_like, gather_sum, take_rows
 
 
 def _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):

@@ -12,11 +12,12 @@ import grain
 import ml_collections
 import numpy as np
 
-from moejax import distributed, tokenizer
-from moejax.corpora import CORPORA, FORMATS, TEXT_DOCS, CorpusInfo, load_corpus
+from moejax import distributed
+from moejax.data import tokenizer
+from moejax.data.corpora import CORPORA, FORMATS, TEXT_DOCS, CorpusInfo, load_corpus
+from moejax.data.tokenizer import Tokenizer, build_tokenizer
 from moejax.distributed import Shard
 from moejax.errors import UserError, check_choice
-from moejax.tokenizer import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
 ONE_SHARD = Shard()  # a single process loads every row

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.attention import ATTENTION_IMPLS
+from moejax.nn.attention import ATTENTION_IMPLS
 
 DTYPES = ("float32", "bfloat16")
 # QK-norm per head over head_dim (Qwen3), or over the whole projection (OLMoE).
@@ -58,7 +58,7 @@ class Attention(nnx.Module):
   QK-norm is an RMSNorm on q and k before RoPE: per head over head_dim (`qk_norm_scope=
   "head"`, Qwen3) or over the whole projection, all heads at once (`"proj"`, OLMoE).
   `qkv_bias` adds biases to the q/k/v projections (Qwen2); o_proj never has one.
-  `impl` names the attention kernel (`moejax.attention.ATTENTION_IMPLS`).
+  `impl` names the attention kernel (`moejax.nn.attention.ATTENTION_IMPLS`).
   """
 
   def __init__(

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.permute import float0_like, take_or_zero
+from moejax.kernels.permute import float0_like, take_or_zero
 
 
 class Blocks(NamedTuple):

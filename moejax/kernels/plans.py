@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError
-from moejax.grouped import Blocks
-from moejax.permute import take_rows
+from moejax.kernels.grouped import Blocks
+from moejax.kernels.permute import take_rows
 
 DROP_POLICIES = ("position", "batch_priority", "weight")
 # Old names that are refused with a hint rather than silently reinterpreted.

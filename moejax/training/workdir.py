@@ -17,7 +17,6 @@ import ml_collections
 from moejax import build, distributed, runio
 from moejax import config as config_lib
 from moejax.errors import UserError
-from moejax.hf import guard as hf_guard
 
 # Config sections that must match the workdir's config.json to resume.
 FROZEN_SECTIONS = ("model", "data")
@@ -106,7 +105,7 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   if saved is None:
     return
   path = os.path.join(workdir, "config.json")
-  hf_guard.refuse_training(saved, path)  # an imported checkpoint holds no optimizer state
+  refuse_imported(saved, path)  # an imported checkpoint holds no optimizer state
   check_resolved_rule(saved, c, path)
   for section in FROZEN_SECTIONS:
     found = _diff(saved.get(section, {}), c[section].to_dict(), f"{section}.")
@@ -149,3 +148,23 @@ def write_config_json(workdir: str, resolved: dict) -> None:
   """DIR/config.json, written atomically (a kill leaves the old or the new file); process 0."""
   if distributed.is_main():
     runio.write_text(runio.path(workdir, "config.json"), json.dumps(resolved, indent=2))
+
+
+# An imported run (`python -m moejax.hf import`) holds step, params and router biases but no
+# optimizer state, and its config is a transformers architecture, not a training recipe: it is
+# for evaluation and export. Its config.json carries `resolved.hf_import`.
+def imported_from(saved: dict | None) -> str | None:
+  """The transformers checkpoint a run was imported from, or None for a trained run."""
+  info = (saved or {}).get("resolved", {}).get("hf_import")
+  return info.get("source", "?") if isinstance(info, dict) else None
+
+
+def refuse_imported(saved: dict | None, path: str) -> None:
+  """A UserError when the run at `path` (its config.json) was imported, not trained."""
+  source = imported_from(saved)
+  if source is not None:
+    raise UserError(
+      f"{path} is a run imported from {source}: imported runs are for evaluation "
+      "(python -m moejax.evaluate) and export (python -m moejax.hf export), not training; "
+      "use a new --workdir"
+    )

@@ -345,7 +345,7 @@ def jitter(x: jax.Array, eps: float, rng: jax.Array) -> jax.Array:
 
 def elastic_weights(ro: Routing, rule: MergeRule, k_T: jax.Array, train_k2: str) -> jax.Array:
   """r_i when token t uses only its first k_T[t] of the K selected experts (elastic-k
-  training, `moejax.elastic`); ranks >= k_T get 0.
+  training, `moejax.nn.elastic`); ranks >= k_T get 0.
 
   `train_k2="k"`: the rule's own normalization over the used experts (sum, lp, or none);
   `"K"`: p_i = s_i / Σ of s over the K selected experts, which is the top-K mass in

@@ -7,7 +7,6 @@ The model travels as `nnx.split` state: trainable `params` (nnx.Param) and `rout
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -16,46 +15,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from moejax import losses
-from moejax.errors import check_choice
-from moejax.moe import Diagnostics, MoEBlock, RouterBias, RouterOut
+from moejax.nn import losses
+from moejax.nn.losses import LossConfig
+from moejax.nn.moe import Diagnostics, MoEBlock, RouterBias, RouterOut
 
 State = dict[str, Any]  # {"step", "params", "router", "opt_state"}
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """Weights and granularity of the auxiliary losses (config `loss.*`)."""
-
-  balance_weight: float = 0.01
-  balance_granularity: str = "global_batch"
-  z_loss_weight: float = 0.001
-  bias_update_rate: float = 0.0
-  balance_convention: str = "fraction"  # losses.BALANCE_CONVENTIONS
-  balance_choices: str = "all"  # losses.BALANCE_CHOICES
-  n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity
-  grad_accum: int = 1
-
-  def __post_init__(self):
-    for name, allowed in (
-      ("balance_convention", losses.BALANCE_CONVENTIONS),
-      ("balance_choices", losses.BALANCE_CHOICES),
-    ):
-      check_choice(f"loss.{name}", getattr(self, name), allowed)
-
-  @classmethod
-  def from_config(cls, c, *, n_shards: int) -> "LossConfig":
-    """From a run config's `loss.*` and `train.grad_accum`."""
-    return cls(
-      balance_weight=c.loss.balance_weight,
-      balance_granularity=c.loss.balance_granularity,
-      z_loss_weight=c.loss.z_loss_weight,
-      bias_update_rate=c.loss.bias_update_rate,
-      balance_convention=c.loss.balance_convention,
-      balance_choices=c.loss.balance_choices,
-      n_shards=n_shards,
-      grad_accum=c.train.grad_accum,
-    )
 
 
 def split_model(model: nnx.Module):

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax import elastic, remat
-from moejax.attention import ATTENTION_IMPLS
 from moejax.errors import UserError, check_choice
-from moejax.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
-from moejax.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
+from moejax.nn import elastic, remat
+from moejax.nn.attention import ATTENTION_IMPLS
+from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
+from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,8 @@ class ModelConfig:
 
   `dtype` is the compute dtype of attention, FFNs, experts and the residual stream;
   parameters, optimizer state, norms' statistics, router, softmax and losses stay float32.
-  `remat` names a block rematerialization policy (`moejax.remat.REMAT_POLICIES`),
-  `attention` an attention implementation (`moejax.attention.ATTENTION_IMPLS`)."""
+  `remat` names a block rematerialization policy (`moejax.nn.remat.REMAT_POLICIES`),
+  `attention` an attention implementation (`moejax.nn.attention.ATTENTION_IMPLS`)."""
 
   vocab_size: int
   d_model: int
@@ -213,7 +213,7 @@ class Transformer(nnx.Module):
     seed, so evaluations are reproducible. `routed_scale_M` (optional, eval): one multiplier
     of the routed output per MoE layer, in layer order; a traced array, so one compiled
     forward serves every value. `step` (training): the optimizer step, for elastic-k's
-    `schedule`; elastic-k draws come from `rng` (`moejax.elastic`)."""
+    `schedule`; elastic-k draws come from `rng` (`moejax.nn.elastic`)."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
     x_BxLxD = self.embed(tokens_BxL)

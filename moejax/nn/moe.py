@@ -13,10 +13,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax import dispatch as dsp
-from moejax import elastic, plans, routing
 from moejax.errors import UserError, check_choice
-from moejax.layers import DTYPES, DenseFFN, init_normal
+from moejax.kernels import dispatch as dsp
+from moejax.kernels import plans
+from moejax.nn import elastic, routing
+from moejax.nn.layers import DTYPES, DenseFFN, init_normal
 
 
 class RouterBias(nnx.Variable):
@@ -84,7 +85,7 @@ class MoEConfig:
   dtype: str = "float32"
   init_std: float = 0.02
   expert_init_std: float = 0.0  # routed experts' init std; 0: init_std
-  # elastic-k training (moejax.elastic): the k a token uses in a training step
+  # elastic-k training (moejax.nn.elastic): the k a token uses in a training step
   train_k: str = "fixed"
   train_k_min: int = 1
   train_k_scope: str = "layer"
@@ -205,7 +206,7 @@ class MoEBlock(nnx.Module):
     T, E, K = x_TxD.shape[0], cfg.n_experts, cfg.top_k
     k = K if k is None else k
     if k2 is None and not train and cfg.train_k2 == "K":
-      k2 = K  # native = what it trained with: the top-K mass at every k1 (moejax.elastic)
+      k2 = K  # native = what it trained with: the top-K mass at every k1 (moejax.nn.elastic)
     if rng is None and not train:
       rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
     rng_jitter, rng_second = jax.random.split(rng) if rng is not None else (None, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from moejax import plans
+from moejax.kernels import plans
 
 
 def run(a: plans.KernelArgs) -> jax.Array:

@@ -12,8 +12,10 @@ from typing import NamedTuple
 import jax
 import ml_collections
 
-from moejax import build, dispatch, plans, routing, sharding
-from moejax.model import ModelConfig, is_moe_layer
+from moejax import build, sharding
+from moejax.kernels import dispatch, plans
+from moejax.nn import routing
+from moejax.nn.model import ModelConfig, is_moe_layer
 
 ARCHITECTURE = "decoder-only Transformer: pre-norm RMSNorm, RoPE, SwiGLU, no biases"
 
@@ -273,7 +275,7 @@ def format_worksheet(ws: Worksheet, title: str = "") -> str:
   tied = "tied LM head" if ws.group("lm_head").total == 0 else "untied LM head"
   arch = f"{ws.architecture}; {ws.n_layers} layers, d_model {ws.d_model}, vocab "
   arch += f"{ws.vocab_size}, {tied}"
-  counted = "from jax.eval_shape of moejax.model.Transformer (nothing allocated); active ="
+  counted = "from jax.eval_shape of moejax.nn.model.Transformer (nothing allocated); active ="
   counted += " what one token reads at k1 = K"
   lines = [f"worksheet{': ' + title if title else ''}", _row("architecture", arch)]
   lines += [_row("attention", ws.attention), _row("parameters", counted)]

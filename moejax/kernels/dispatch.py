@@ -1,7 +1,7 @@
 """Token dispatch to experts (docs/design.md §3): dropless and capacity modes, over a table of
 expert kernels.
 
-Both modes build a plan (`moejax.plans`): each (token, slot) assignment's row in an
+Both modes build a plan (`moejax.kernels.plans`): each (token, slot) assignment's row in an
 expert-sorted buffer, and back. A kernel in `KERNELS` runs the experts over the buffer and
 combines: it gets `plans.KernelArgs` and returns y_TxD. Adding an impl is one entry here
 plus its file. `impl="auto"` is a lookup per platform (`AUTO`), resolved for the platform
@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax import blocked, fused, megablox, plans, ragged, sharding
+from moejax import sharding
 from moejax.errors import UserError, check_choice
-from moejax.grouped import Blocks
-from moejax.plans import ExpertWeights
+from moejax.kernels import blocked, fused, megablox, plans, ragged
+from moejax.kernels.grouped import Blocks
+from moejax.kernels.plans import ExpertWeights
 
 MODES = ("dropless", "capacity")
 SECOND_EXPERT = ("all", "random")
@@ -69,7 +70,7 @@ KERNELS: dict[str, Kernel] = {
 IMPLS = ("auto", *KERNELS)
 
 # `auto` per mode and platform. GPU: the block loop, until a measurement on a GPU shows a
-# faster exact kernel (ragged_dot is densified there, see moejax/ragged.py). TPU dropless:
+# faster exact kernel (ragged_dot is densified there, see moejax/kernels/ragged.py). TPU dropless:
 # megablox. Compiled for v5e by the TPU compiler (benchmarks/tpu_ragged_dot.py, M 4096,
 # d 1024, f 256, E 64), ragged_dot's forward and dx are native (1.0x the ideal FLOPs) but
 # its dW (the ragged-contracting transpose) is expanded over all E groups: 64.2x the ideal

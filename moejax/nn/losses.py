@@ -6,6 +6,8 @@ static. Losses are returned unweighted: the caller multiplies by its coefficient
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +20,41 @@ GRANULARITIES = ("micro_batch", "sequence", "global_batch")
 BALANCE_CONVENTIONS = ("fraction", "count")
 # Which choices count in f: every one of the top-k, or the top-1 only (GShard/lingvo).
 BALANCE_CHOICES = ("all", "top1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Weights and granularity of the auxiliary losses (config `loss.*`)."""
+
+  balance_weight: float = 0.01
+  balance_granularity: str = "global_batch"
+  z_loss_weight: float = 0.001
+  bias_update_rate: float = 0.0
+  balance_convention: str = "fraction"  # BALANCE_CONVENTIONS
+  balance_choices: str = "all"  # BALANCE_CHOICES
+  n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity
+  grad_accum: int = 1
+
+  def __post_init__(self):
+    for name, allowed in (
+      ("balance_convention", BALANCE_CONVENTIONS),
+      ("balance_choices", BALANCE_CHOICES),
+    ):
+      check_choice(f"loss.{name}", getattr(self, name), allowed)
+
+  @classmethod
+  def from_config(cls, c, *, n_shards: int) -> "LossConfig":
+    """From a run config's `loss.*` and `train.grad_accum`."""
+    return cls(
+      balance_weight=c.loss.balance_weight,
+      balance_granularity=c.loss.balance_granularity,
+      z_loss_weight=c.loss.z_loss_weight,
+      bias_update_rate=c.loss.bias_update_rate,
+      balance_convention=c.loss.balance_convention,
+      balance_choices=c.loss.balance_choices,
+      n_shards=n_shards,
+      grad_accum=c.train.grad_accum,
+    )
 
 
 def cross_entropy(

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax import plans
+from moejax.kernels import plans
 
 # the kernel module (the package's `gmm` attribute is its custom-VJP function, not the module)
 backend = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")

@@ -1,4 +1,4 @@
-"""Training setup: build everything from a config, resume, then hand over to moejax.loop."""
+"""Training setup: build everything from a config, resume, then hand over to moejax.training.loop."""
 
 from __future__ import annotations
 
@@ -13,25 +13,16 @@ import optax
 from flax import nnx
 
 from moejax import build as build_lib
-from moejax import (
-  checkpoint,
-  distributed,
-  flops,
-  loop,
-  nonfinite,
-  optim,
-  sharding,
-  stopping,
-  tracking,
-  worksheet,
-)
 from moejax import config as config_lib
-from moejax import step as step_lib
-from moejax import workdir as workdir_lib
-from moejax.data import Data, make_data
+from moejax import distributed, sharding
+from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
-from moejax.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)
-from moejax.model import is_moe_layer
+from moejax.nn.model import is_moe_layer
+from moejax.sizing import flops, worksheet
+from moejax.training import checkpoint, loop, nonfinite, optim, stopping, tracking
+from moejax.training import step as step_lib
+from moejax.training import workdir as workdir_lib
+from moejax.training.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)
 
 
 @dataclasses.dataclass
