@@ -1,2 +1,3 @@
 """Data: document sources (`corpora`), tokenizers, and the grain pipeline (`pipeline`).
-Imports only moejax's base modules (errors, runio, distributed)."""
+May import the layers below it (base, kernels, nn); today it uses only base modules (errors,
+runio, distributed)."""
