@@ -72,7 +72,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("moejax.kgrid",),  # the k1:k2 grid of a checkpoint
   ("moejax.hf",),  # transformers checkpoints in and out
   ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
-  ("moejax.train", "moejax.evaluate", "moejax.describe"),  # the entry points
+  ("moejax.train", "moejax.evaluate", "moejax.describe", "moejax.prepare"),  # the entry points
 )
 
 

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from moejax import distributed
-from moejax.data import tokenizer
+from moejax.data import stream, tokenizer
 from moejax.data.corpora import CORPORA, FORMATS, TEXT_DOCS, CorpusInfo, load_corpus
 from moejax.data.tokenizer import Tokenizer, build_tokenizer
 from moejax.distributed import Shard
@@ -37,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
   "synthetic_docs": 4000,
   "synthetic_seed": 0,
   "max_docs": 0,
+  # moejax.prepare fits a BPE on at most this many bytes of train docs (a seeded sample)
+  "bpe_sample_bytes": 50_000_000,
+  # a directory written by `python -m moejax.prepare` ("" = load and encode in memory)
+  "prepared": "",
 }
 
 
@@ -63,6 +67,9 @@ def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
   batch_size, seq_len = integer("batch_size", 1), integer("seq_len", 2)
   split_seed = integer("split_seed", 0)
   integer("max_docs", 0)
+  integer("bpe_sample_bytes", 1)
+  if not isinstance(data_cfg["prepared"], str):
+    raise UserError(f"data.prepared={data_cfg['prepared']!r}: use a directory path or ''")
   frac = data_cfg["holdout_fraction"]
   if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
     raise UserError(f"data.holdout_fraction={frac!r} is not allowed; use a number in (0, 1)")
@@ -78,14 +85,24 @@ def heldout_mask(docs: Sequence[str], holdout_fraction: float, split_seed: int =
 
   Content-keyed, so identical docs land on the same side and the split is independent of order
   and of the train seed. At least one doc lands on each side."""
-  if len(docs) < 2:
+  return mask_from_u(np.array([doc_u(d, split_seed) for d in docs]), holdout_fraction)
+
+
+def doc_u(doc: str, split_seed: int) -> float:
+  """A doc's uniform [0, 1) split coordinate: a keyed hash of its content."""
+  key = f"moejax-split-{split_seed}".encode()
+  digest = hashlib.blake2b(doc.encode("utf-8"), digest_size=8, key=key).digest()
+  return int.from_bytes(digest, "little") / 2.0**64
+
+
+def mask_from_u(u_N: np.ndarray, holdout_fraction: float) -> np.ndarray:
+  """bool[n_docs] held out from the docs' `doc_u`: u < fraction, then at least one doc on
+  each side (the lowest u held out, the highest kept)."""
+  if len(u_N) < 2:
     raise UserError(
-      f"corpus has {len(docs)} document(s): need >= 2 for a train/held-out split; "
+      f"corpus has {len(u_N)} document(s): need >= 2 for a train/held-out split; "
       "add data.paths, raise data.max_docs, or set data.text_docs=paragraph"
     )
-  key = f"moejax-split-{split_seed}".encode()
-  digests = (hashlib.blake2b(d.encode("utf-8"), digest_size=8, key=key).digest() for d in docs)
-  u_N = np.array([int.from_bytes(h, "little") / 2.0**64 for h in digests])
   held_N = u_N < holdout_fraction
   if not held_N.any():
     held_N[np.argmin(u_N)] = True
@@ -161,7 +178,12 @@ def split_corpus(data_cfg: Any, workdir: str | None) -> Split:
 
 def unigram_entropy(stream_T: np.ndarray, vocab_size: int) -> float:
   """Entropy (nats/token) of the stream's unigram distribution: a context-free model's loss."""
-  counts_V = np.bincount(stream_T, minlength=vocab_size).astype(np.float64)
+  return counts_entropy(np.bincount(stream_T, minlength=vocab_size))
+
+
+def counts_entropy(counts_V: np.ndarray) -> float:
+  """Entropy (nats/token) of token counts (`unigram_entropy` from a stream's bincount)."""
+  counts_V = np.asarray(counts_V).astype(np.float64)
   p_V = counts_V[counts_V > 0] / counts_V.sum()
   return float(-(p_V * np.log(p_V)).sum())
 
@@ -237,6 +259,7 @@ class Data:
   heldout_windows: np.ndarray = dataclasses.field(repr=False)
   n_train_docs: int = 0
   n_heldout_docs: int = 0
+  prepared: str = ""  # data.prepared: the windows are read from its shards
 
   def train_iterator(self, shard: Shard = ONE_SHARD) -> TrainIterator:
     """A fresh iterator at the start of the seeded order, yielding `shard`'s rows."""
@@ -272,23 +295,52 @@ class Data:
       "n_train_docs": self.n_train_docs,
       "n_heldout_docs": self.n_heldout_docs,
       "unigram_entropy": self.unigram_entropy,
+      **({"prepared": self.prepared} if self.prepared else {}),
     }
+
+
+def check_train(n_train: int, n_tokens: int, seq_len: int, batch_size: int) -> None:
+  """A UserError unless the train stream holds at least one batch of windows."""
+  if n_train < batch_size:
+    raise UserError(
+      f"train stream has {n_tokens} tokens = {n_train} windows of "
+      f"data.seq_len+1={seq_len + 1}, < one batch of data.batch_size={batch_size}; "
+      "use more documents or a smaller data.seq_len or data.batch_size"
+    )
+
+
+def prepared_data(data_cfg: Any, *, seed: int) -> Data:
+  """Data read from `data.prepared` (moejax.prepare's shards): nothing is encoded here."""
+  prep = stream.open_prepared(data_cfg)
+  m = prep.manifest
+  check_train(len(prep.train), m["train"]["tokens"], data_cfg.seq_len, data_cfg.batch_size)
+  return Data(
+    tokenizer=prep.tokenizer,
+    corpus=prep.corpus,
+    train_tokens=m["train"]["tokens"],
+    heldout_tokens=m["heldout"]["tokens"],
+    unigram_entropy=m["unigram_entropy"],
+    seq_len=data_cfg.seq_len,
+    batch_size=data_cfg.batch_size,
+    seed=int(seed),
+    train_windows=prep.train,
+    heldout_windows=prep.heldout,
+    n_train_docs=m["train"]["docs"],
+    n_heldout_docs=m["heldout"]["docs"],
+    prepared=data_cfg.prepared,
+  )
 
 
 def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
   """Load the corpus, split it by document, fit the tokenizer on train docs, pack both streams."""
   data_cfg = complete(data_cfg)
   batch_size, seq_len, _, _ = validate_config(data_cfg)
+  if data_cfg.prepared:
+    return prepared_data(data_cfg, seed=seed)
   split = split_corpus(data_cfg, workdir)
   tok, held = split.tokenizer, split.heldout
   train = encode(tok, split.train_docs, seq_len)
-  n_train = train.windows_NxL1.shape[0]
-  if n_train < batch_size:
-    raise UserError(
-      f"train stream has {len(train.tokens_T)} tokens = {n_train} windows of "
-      f"data.seq_len+1={seq_len + 1}, < one batch of data.batch_size={batch_size}; "
-      "use more documents or a smaller data.seq_len or data.batch_size"
-    )
+  check_train(train.windows_NxL1.shape[0], len(train.tokens_T), seq_len, batch_size)
   return Data(
     tokenizer=tok,
     corpus=split.corpus,
@@ -303,6 +355,21 @@ def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
     n_train_docs=len(split.train_docs),
     n_heldout_docs=split.n_heldout_docs,
   )
+
+
+def heldout_windows(data_cfg: Any, workdir: str | None) -> tuple[np.ndarray, int]:
+  """(held-out windows [N, seq_len+1] in split order, vocab size), as the trainer's
+  `Data.eval_batches` reads them: from `data.prepared`'s shards, else `split_corpus` (the
+  training documents are not encoded either way)."""
+  data_cfg = complete(data_cfg)
+  if data_cfg.prepared:
+    prep = stream.open_prepared(data_cfg)
+    check_heldout(len(prep.heldout), prep.manifest["heldout"]["tokens"], data_cfg.seq_len)
+    return prep.heldout[:], prep.tokenizer.vocab_size
+  split = split_corpus(data_cfg, workdir)
+  held = split.heldout
+  check_heldout(held.windows_NxL1.shape[0], len(held.tokens_T), data_cfg.seq_len)
+  return held.windows_NxL1, split.tokenizer.vocab_size
 
 
 def default_config() -> Any:

@@ -43,13 +43,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def heldout_windows(c: ml_collections.ConfigDict, workdir: str) -> tuple[np.ndarray, int]:
-  """(held-out windows [N, seq_len+1], vocab size): the trainer's own (`data.split_corpus`),
-  so the same windows in the same order as its `Data.eval_batches`; the training documents
-  are not encoded."""
-  split = data_lib.split_corpus(c.data, workdir)
-  held = split.heldout
-  data_lib.check_heldout(held.windows_NxL1.shape[0], len(held.tokens_T), c.data.seq_len)
-  return held.windows_NxL1, split.tokenizer.vocab_size
+  """(held-out windows [N, seq_len+1], vocab size): the trainer's own (`data.split_corpus`,
+  or `data.prepared`'s held-out shards), so the same windows in the same order as its
+  `Data.eval_batches`; the training documents are not encoded."""
+  return data_lib.heldout_windows(c.data, workdir)
 
 
 def load_run(workdir: str, c: ml_collections.ConfigDict, step: int | None) -> EvalRun:
