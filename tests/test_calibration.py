@@ -68,17 +68,18 @@ def test_sweep_expands_to_the_stated_runs():
   assert len(by_factor["B"]) == 8 and {r.factors["seed"] for r in by_factor["B"]} == {0}
   assert len(by_factor["D"]) == 8
   assert {r.factors["variant"] for r in by_factor["D"]} == {"e32k4", "init_wide"}
-  # E (issue 18): uniform and fixed_k2 for both core rules, uniform_k2topk for qwen3_moe, at
-  # seeds 0 and 1; token for both core rules at seed 0.
+  # E (issues 18, 26): uniform and fixed_k2 at olmoe's seeds 0 and 1, token at its seed 0;
+  # uniform_k2topk for qwen3_moe at seeds 0 and 1; qwen3_moe's other three at seeds 0-4.
   recipes = {}
   for r in by_factor["E"]:
     recipes.setdefault(r.factors["recipe"], set()).add((r.factors["rule"], r.factors["seed"]))
-  both = {(rule, s) for rule in ("qwen3_moe", "olmoe") for s in (0, 1)}
+  qwen_5 = {("qwen3_moe", s) for s in range(5)}
+  olmoe_2 = {("olmoe", 0), ("olmoe", 1)}
   assert recipes == {
-    "uniform": both,
+    "uniform": qwen_5 | olmoe_2,
     "uniform_k2topk": {("qwen3_moe", 0), ("qwen3_moe", 1)},
-    "token": {("qwen3_moe", 0), ("olmoe", 0)},
-    "fixed_k2": both,
+    "token": qwen_5 | {("olmoe", 0)},
+    "fixed_k2": qwen_5 | olmoe_2,
   }
   # F (issue 19): both core rules at d_model 64 and 256, seeds 0 and 1; 4x steps at seed 0.
   widths = sorted(

@@ -116,7 +116,8 @@ def built(tmp_path_factory):
     _write_run(root, f"a-qwen3_moe-s{seed}", "qwen3_moe", seed, A_QWEN)
     _write_run(root, f"a-olmoe-s{seed}", "olmoe", seed, A_OLMOE)
   for seed in (0, 1):
-    _write_run(root, f"e-uniform-qwen3_moe-s{seed}", "qwen3_moe", seed, E_QWEN)
+    e_qwen = {**E_QWEN, (4, "sqrt"): 0.05} if seed == 0 else E_QWEN  # a cell only s0 has
+    _write_run(root, f"e-uniform-qwen3_moe-s{seed}", "qwen3_moe", seed, e_qwen)
     _write_run(root, f"e-uniform-olmoe-s{seed}", "olmoe", seed, E_OLMOE)
     _write_run(root, f"e-fixed_k2-qwen3_moe-s{seed}", "qwen3_moe", seed, K2_QWEN, top_k=2)
   out = tmp_path_factory.mktemp("out")
@@ -165,7 +166,7 @@ def test_h7_compares_elastic_and_fixed_k_at_k1_K_paired_by_seed(built):
   assert _between(root, "e-uniform-qwen3_moe", (8, "native"), "a-qwen3_moe", (8, "native")) in qwen
   assert qwen.endswith("costs under 0.01 nats (H7 holds).")
   means = [_losses(root, f"a-qwen3_moe-s{s}", (8, "native")).mean() for s in (0, 1)]
-  assert f"fixed K {np.mean(means):.4f};" in qwen  # the seeds paired with the elastic runs
+  assert f"fixed K {np.mean(means):.4f} (n=2);" in qwen  # the seeds paired with the elastic runs
   olmoe = _line(h7, "- uniform olmoe:")
   assert _between(root, "e-uniform-olmoe", (8, "native"), "a-olmoe", (8, "native")) in olmoe
   assert olmoe.endswith("costs 0.01 nats or more (H7 fails).")
@@ -207,3 +208,42 @@ def test_loss_vs_active_curves_are_seed_means_per_recipe(built):
   assert (p.mean, p.lo, p.hi) == pytest.approx((np.mean(means), min(means), max(means)))
   best = [_losses(root, f"a-qwen3_moe-s{s}", (1, "gain")).mean() for s in (0, 1, 2)]
   assert curves["fixed K=8 + best fix"][0].mean == pytest.approx(np.mean(best))
+
+
+def test_h6_to_h8_give_the_seeds_behind_each_number(built):
+  root, _, text = built
+  h6 = _line(_section(text, "H6", "**H7**"), "- uniform qwen3_moe, k1 = 2:")
+  a = "a-qwen3_moe"
+  fixed = [
+    _losses(root, f"{a}-s{s}", (2, 8)) - _losses(root, f"{a}-s{s}", (2, 2)) for s in range(3)
+  ]
+  mean, lo, hi, _, _ = _scipy_interval(fixed)
+  assert f"Fixed K (factor A): {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (n=3);" in h6
+  h8 = _line(_section(text, "H8", "## Figures"), "- uniform qwen3_moe, k1 = 2:")
+  e = [_losses(root, f"e-uniform-qwen3_moe-s{s}", (2, "native")).mean() for s in (0, 1)]
+  k2 = [_losses(root, f"e-fixed_k2-qwen3_moe-s{s}", (2, "native")).mean() for s in (0, 1)]
+  assert f"elastic {np.mean(e):.4f} (n=2);" in h8
+  assert f"Trained at K = 2 {np.mean(k2):.4f} (n=2);" in h8
+  h5 = _section(text, "H5", "**Factor D**")
+  assert "- A qwen3_moe (n=3): " in h5
+
+
+def _grid_rows(text: str, title: str) -> dict[str, list[str]]:
+  block = text.split(f"### {title}: ")[1].split("\n\n")[1]
+  rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in block.splitlines()]
+  return {r[0]: r for r in rows}
+
+
+def test_grid_tables_give_the_seeds_behind_each_row(built):
+  _, _, text = built
+  fixed = _grid_rows(text, "A qwen3_moe")
+  assert fixed["k1 \\ k2"][-1] == "n"
+  assert [fixed[k][-1] for k in ("8", "4", "2", "1")] == ["3"] * 4
+  elastic = _grid_rows(text, "E uniform qwen3_moe")
+  assert [elastic[k][-1] for k in ("8", "4", "2", "1")] == ["2", "1–2", "2", "2"]
+  # the s0-only cell stands on one seed: its CI is seed 0's bootstrap over sequences
+  col = elastic["k1 \\ k2"].index("sqrt")
+  d = _losses(built[0], "e-uniform-qwen3_moe-s0", (4, "sqrt")) - _losses(
+    built[0], "e-uniform-qwen3_moe-s0", (8, "native")
+  )
+  assert elastic["4"][col].startswith(f"{d.mean():+.3f} [")

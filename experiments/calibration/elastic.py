@@ -37,9 +37,17 @@ def _fmt(e: res.Estimate | None, full: bool = False) -> str:
 
 
 def _loss(runs: list, cell: tuple) -> str:
-  """Mean held-out loss over the runs (the verdicts use the paired differences' CIs)."""
+  """Mean held-out loss over the runs and how many seeds it stands on (the verdicts use the
+  paired differences' CIs)."""
   p = point(runs, cell)
-  return "—" if p is None else f"{p.mean:.4f}"
+  return "—" if p is None else f"{p.mean:.4f} (n={p.n_seeds})"
+
+
+def _with_n(e: res.Estimate | None) -> str:
+  """`fmt` and the seeds behind it."""
+  if e is None:
+    return "—"
+  return f"{e.fmt()} ({'1 seed' if e.n_seeds == 1 else f'n={e.n_seeds}'})"
 
 
 def _contrast_did(elastic: list, fixed: list, cell: tuple, against: tuple):
@@ -82,7 +90,7 @@ def h6(study: Study) -> list[str]:
       did = _contrast_did(runs, fixed, cell, against)
       out.append(
         f"- {recipe} {RENORMALIZED}, k1 = {k1}: {_fmt(c, True)}: {h6_verdict(c)}. Fixed K "
-        f"(factor A): {_fmt(ref) if ref else 'not run yet'}; elastic − fixed {_fmt(did, True)}."
+        f"(factor A): {_with_n(ref) if ref else 'not run yet'}; elastic − fixed {_fmt(did, True)}."
       )
   return out
 

@@ -150,7 +150,7 @@ def h5(panels: dict, best: dict, k1: int) -> list[str]:
     vs_best = res.estimate(runs, (k1, "gain"), against=b) if b else None
     frac = 1 - gain.mean / native.mean if native.mean else float("nan")
     out.append(
-      f"- {title}: Δ(native) {native.fmt()}, Δ(gain) {gain.fmt()} "
+      f"- {title} (n={len(runs)}): Δ(native) {native.fmt()}, Δ(gain) {gain.fmt()} "
       f"({frac:.0%} of native's loss recovered); gain − best k2 ({b[1] if b else '—'}) "
       f"{vs_best.full() if vs_best else '—'}: "
       f"{verdict(vs_best, 'gain beats the best k2', 'the best k2 beats gain')}."

@@ -15,6 +15,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import accuracy
 import elastic
 import figures
 import hypotheses
@@ -81,6 +82,7 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
     hypotheses.statements(pan, best, PANEL_K1, VARIANT_TEXT),
     elastic.statements(study),
     scale.statements(runs),
+    accuracy.statements(runs),
   ]
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")

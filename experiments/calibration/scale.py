@@ -118,6 +118,8 @@ def _resample(arrays: list, seeds_idx: np.ndarray, seq_idx: np.ndarray) -> float
 
 def _percentiles(values: np.ndarray) -> tuple[float, float]:
   alpha = (1 - CONFIDENCE) / 2
+  if not np.any(np.isfinite(values)):
+    return float("nan"), float("nan")
   lo, hi = np.nanquantile(values, [alpha, 1 - alpha])
   return float(lo), float(hi)
 

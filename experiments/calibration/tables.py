@@ -114,22 +114,31 @@ def best_k2(runs: list[res.RunResult]) -> dict:
   return out
 
 
+def seeds_text(ns: set) -> str:
+  """The seeds behind a row's cells: one count, or the range where cells differ."""
+  if not ns:
+    return "—"
+  return str(min(ns)) if len(ns) == 1 else f"{min(ns)}–{max(ns)}"
+
+
 def grid_section(title: str, runs: list[res.RunResult]) -> str:
   grid = runs[0].final_grid
   k1s = sorted({a for (a, _) in grid}, reverse=True)
   k2s = sorted({b for (_, b) in grid}, key=k2_order)
   kind = "seed-level t" if len(runs) > 1 else "paired bootstrap over sequences"
   lines = [
-    f"### {title}: Δ with 95% CI ({len(runs)} run(s), {kind})\n",
-    "| k1 \\ k2 | " + " | ".join(str(k) for k in k2s) + " |",
-    "|---:|" + "---:|" * len(k2s),
+    f"### {title}: Δ with 95% CI ({len(runs)} run(s), {kind}; n: the seeds behind each row)\n",
+    "| k1 \\ k2 | " + " | ".join(str(k) for k in k2s) + " | n |",
+    "|---:|" + "---:|" * len(k2s) + "---:|",
   ]
   for k1 in k1s:
-    cells = []
+    cells, ns = [], set()
     for k2 in k2s:
       est = res.estimate(runs, (k1, k2)) if (k1, k2) in grid else None
       cells.append("—" if est is None else est.fmt())
-    lines.append(f"| {k1} | " + " | ".join(cells) + " |")
+      if est is not None:
+        ns.add(est.n_seeds)
+    lines.append(f"| {k1} | " + " | ".join(cells) + f" | {seeds_text(ns)} |")
   return "\n".join(lines) + "\n"
 
 
