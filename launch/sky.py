@@ -6,6 +6,11 @@ PATH. Each run becomes a task YAML whose `run` is the same `python -m moejax.tra
 (then the grids), executed by SkyPilot on every host of the slice, with the run directory
 on a bucket (`gs://...`) so that a relaunched job resumes from its newest checkpoint.
 The wandb key travels as a SkyPilot secret (`--secret WANDB_API_KEY`), never in a file.
+
+Runs that train on a prepared corpus (`data.prepared` among their overrides) get one
+`prepare.yaml` job per sweep and directory, on a CPU VM, launched first and waited for
+(`sky jobs launch` without `-d`): the corpus is tokenized once, not once per run, and a
+preempted prepare job resumes where it stopped (moejax.prepare skips finished shards).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import subprocess
 import yaml
 
 from launch import commands
+from launch.commands import format_value
 from launch.spec import RunSpec, Sweep
 from moejax.errors import UserError
 
@@ -29,6 +35,8 @@ JAX_PIN = ">=0.10.2,<0.12"
 COORDINATOR_PORT = 8476
 PYTHON = "3.11"  # the task's own interpreter (setup_script); the VM image's may be older
 VENV = "~/moejax-venv"
+PREPARE_CPUS = "8+"  # the prepare job's VM: tokenizers' batch encode uses every core
+PREPARE = "prepare"  # its task file and job-name suffix
 VALIDATE = """
 import json, sys
 import sky
@@ -93,13 +101,14 @@ def is_tpu(compute: Compute) -> bool:
   return compute.accelerators.lower().startswith("tpu")
 
 
-def setup_script(compute: Compute) -> str:
+def setup_script(compute: Compute | None) -> str:
   """A Python >= 3.11 environment of its own (uv fetches the interpreter): Cloud TPU VM
   images are Ubuntu 22.04, whose Python 3.10 moejax and jax 0.10 do not support. The cloud
   extra brings gcsfs, so run I/O (etils.epath) and orbax reach gs:// workdirs; the tpu
-  extra is jax[tpu] at moejax's jax pin."""
-  extras = "cloud,tpu" if is_tpu(compute) else "cloud"
-  jax = "" if is_tpu(compute) else " " + shlex.quote(f"jax[cuda12]{JAX_PIN}")
+  extra is jax[tpu] at moejax's jax pin. `compute` None: a CPU VM (the prepare job)."""
+  tpu = compute is not None and is_tpu(compute)
+  extras = "cloud,tpu" if tpu else "cloud"
+  jax = "" if tpu or compute is None else " " + shlex.quote(f"jax[cuda12]{JAX_PIN}")
   return (
     "set -e\n"
     "command -v uv || curl -LsSf https://astral.sh/uv/install.sh | sh\n"
@@ -126,6 +135,47 @@ def run_script(sweep: Sweep, run: RunSpec, workdir: str, compute: Compute) -> st
 
 def job_name(sweep: Sweep, run: RunSpec) -> str:
   return f"{sweep.name}-{run.name}".replace("_", "-")
+
+
+def prepare_steps(runs: list[RunSpec]) -> dict[str, list[str]]:
+  """{directory: its `moejax.prepare` command} for the runs with `data.prepared`: one per
+  directory, from the run's config and its data.* overrides (batch size aside); runs sharing
+  a directory must agree on both."""
+  steps: dict[str, list[str]] = {}
+  owner: dict[str, str] = {}
+  for run in runs:
+    out = run.overrides.get("data.prepared")
+    if not out:
+      continue
+    skip = ("data.prepared", "data.batch_size")
+    keys = sorted(k for k in run.overrides if k.startswith("data.") and k not in skip)
+    flags = [f"--config.{k}={format_value(run.overrides[k])}" for k in keys]
+    argv = ["python", "-m", "moejax.prepare", "--config", run.config, "--out", str(out), *flags]
+    if steps.setdefault(str(out), argv) != argv:
+      raise UserError(
+        f"runs {owner[str(out)]} and {run.name} share data.prepared={out} with other configs "
+        "or data.* overrides; give each corpus its own directory"
+      )
+    owner.setdefault(str(out), run.name)
+  return steps
+
+
+def prepare_task(sweep: Sweep, steps: dict[str, list[str]], use_spot: bool) -> dict:
+  """The SkyPilot task that prepares the sweep's corpora, once, before any run trains."""
+  run = ["set -e", f". {VENV}/bin/activate"] + [shlex.join(a) for a in steps.values()]
+  return {
+    "name": f"{sweep.name}-{PREPARE}".replace("_", "-"),
+    "workdir": REPO,
+    "num_nodes": 1,
+    "resources": {
+      "cpus": PREPARE_CPUS,
+      "use_spot": use_spot,
+      "job_recovery": {"max_restarts_on_errors": 3},
+    },
+    "envs": {"MOEJAX_SWEEP": sweep.name},
+    "setup": setup_script(None),
+    "run": "\n".join(run) + "\n",
+  }
 
 
 def task(sweep: Sweep, run: RunSpec, root: str, compute: Compute) -> dict:
@@ -168,9 +218,18 @@ def wandb_key() -> str | None:
   return auth[2] if auth else None
 
 
-def launch_argv(sky: str, yaml_path: str, name: str, with_key: bool) -> list[str]:
+def launch_argv(
+  sky: str, yaml_path: str, name: str, with_key: bool, wait: bool = False
+) -> list[str]:
+  """`sky jobs launch`; detached (`-d`) unless `wait` (the prepare job, which runs first)."""
   secret = ["--secret", "WANDB_API_KEY"] if with_key else []  # the value comes from the env
-  return [sky, "jobs", "launch", "-y", "-d", "-n", name, *secret, yaml_path]
+  detach = [] if wait else ["-d"]
+  return [sky, "jobs", "launch", "-y", *detach, "-n", name, *secret, yaml_path]
+
+
+def _dump(path: str, task_dict: dict) -> None:
+  with open(path, "w") as f:
+    yaml.dump(task_dict, f, Dumper=_Dumper, sort_keys=False)
 
 
 def write(
@@ -182,20 +241,21 @@ def write(
   use_spot: bool,
   sky: str,
 ) -> list[list[str]]:
-  """Writes `<run>.yaml` per run and `commands.sh` (the exact launch lines); returns them."""
+  """Writes `<run>.yaml` per run (and `prepare.yaml` first when runs train on a prepared
+  corpus) and `commands.sh` (the exact launch lines); returns them."""
   if "://" not in root:
     raise UserError(f"--root {root} is local; the sky backend needs a bucket, e.g. gs://b/runs")
   os.makedirs(folder, exist_ok=True)
   argvs, with_key = [], wandb_key() is not None
+  steps = prepare_steps(runs)
+  if steps:
+    path = os.path.join(folder, f"{PREPARE}.yaml")
+    prep = prepare_task(sweep, steps, use_spot)
+    _dump(path, prep)
+    argvs.append(launch_argv(sky, path, prep["name"], with_key, wait=True))
   for run in runs:
     path = os.path.join(folder, f"{run.name}.yaml")
-    with open(path, "w") as f:
-      yaml.dump(
-        task(sweep, run, root, compute_for(sweep, run, accelerators, use_spot)),
-        f,
-        Dumper=_Dumper,
-        sort_keys=False,
-      )
+    _dump(path, task(sweep, run, root, compute_for(sweep, run, accelerators, use_spot)))
     argvs.append(launch_argv(sky, path, job_name(sweep, run), with_key))
   with open(os.path.join(folder, "commands.sh"), "w") as f:
     f.write("#!/usr/bin/env bash\nset -e\n" + "".join(shlex.join(a) + "\n" for a in argvs))
@@ -214,7 +274,8 @@ def validate(sky: str, paths: list[str]) -> list[dict]:
 
 
 def submit(argvs: list[list[str]]) -> list[str]:
-  """Runs each `sky jobs launch`; returns the names of the jobs that failed to submit."""
+  """Runs each `sky jobs launch`; returns the names of the jobs that failed to submit. A
+  failed prepare job stops here: no run is launched on a corpus that is not there."""
   env = dict(os.environ)
   key = wandb_key()
   if key:
@@ -224,4 +285,6 @@ def submit(argvs: list[list[str]]) -> list[str]:
     print("$ " + shlex.join(argv), flush=True)
     if subprocess.run(argv, check=False, env=env).returncode != 0:
       failed.append(argv[argv.index("-n") + 1])
+      if failed[-1].endswith(f"-{PREPARE}"):
+        break
   return failed

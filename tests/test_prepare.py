@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tokenizers
+import yaml
 from failure_helpers import (  # fast_compiles: autouse for this module
   REPO,
   TINY,
@@ -25,7 +26,9 @@ from failure_helpers import (  # fast_compiles: autouse for this module
   same_rows,
   tiny,
 )
+from test_preemption import RUN, kill_when, logged_steps, saving
 
+from launch import sky, spec
 from moejax.data import corpora, scan, shards
 from moejax.data import prepare as prepare_lib
 from moejax.data.pipeline import complete, heldout_mask, heldout_windows, make_data
@@ -202,8 +205,6 @@ def _env(tmp_path) -> dict:
 
 @pytest.mark.full
 def test_kill_9_on_the_prepared_path_then_rerun_matches(prepared, tmp_path):
-  from test_preemption import RUN, kill_when, logged_steps, saving
-
   _, out, _ = prepared
   values = {**RUN, "data.prepared": out}
   values.update({k.replace("__", "."): v for k, v in prepared_keys(prepared).items()})
@@ -369,3 +370,37 @@ def test_prepare_cli_writes_a_directory_and_bad_flags_are_one_line(prepared, tmp
   )
   assert bad.returncode == 2 and bad.stderr.startswith("error: --out")
   assert len(bad.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the sky sweep: prepare once
+
+
+def test_sky_prepares_each_corpus_once_as_a_first_job_it_waits_for(tmp_path):
+  data = {"data.paths": "gs://b/c/*.jsonl", "data.prepared": "gs://b/c/prep"}
+  runs = [
+    spec.RunSpec(f"r{i}", "configs/study_calibration.py:tpu", {**data, "train.seed": i}, {})
+    for i in range(3)
+  ]
+  sweep = spec.Sweep("calib_x", runs, compute={})
+  argvs = sky.write(str(tmp_path), sweep, runs, "gs://b/runs", "tpu-v5e-16", True, "sky")
+  assert [a[a.index("-n") + 1] for a in argvs] == [
+    "calib-x-prepare",
+    "calib-x-r0",
+    "calib-x-r1",
+    "calib-x-r2",
+  ]
+  assert "-d" not in argvs[0] and all("-d" in a for a in argvs[1:])  # waits for the prepare
+  task = yaml.safe_load(open(tmp_path / "prepare.yaml").read())
+  lines = [line for line in task["run"].splitlines() if "moejax.prepare" in line]
+  assert lines == [
+    "python -m moejax.prepare --config configs/study_calibration.py:tpu --out gs://b/c/prep "
+    "'--config.data.paths=gs://b/c/*.jsonl'"
+  ]
+  assert (
+    "tpu" not in task["setup"] and "cuda" not in task["setup"] and task["resources"]["use_spot"]
+  )
+  for run in runs:
+    assert "--config.data.prepared=gs://b/c/prep" in open(tmp_path / f"{run.name}.yaml").read()
+  other = spec.RunSpec("r9", "configs/study_calibration.py:tpu", {**data, "data.seq_len": 512}, {})
+  with pytest.raises(UserError, match="runs r0 and r9 share data.prepared=gs://b/c/prep"):
+    sky.prepare_steps([*runs, other])
