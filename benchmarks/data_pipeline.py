@@ -1,0 +1,183 @@
+"""Data at scale (issue 28): startup time and peak RSS of the in-memory path (`make_data`)
+and of the prepared path (`data.prepared`), prepare's tokens/s, the iterator's tokens/s per
+process, against what the TPU preset consumes per host.
+
+    JAX_PLATFORMS=cpu python benchmarks/data_pipeline.py --sizes 50,500 [--work DIR]
+
+The corpus is the stdlib's .py files repeated (each copy's docs prefixed `# copy k`, so no
+two docs are equal) into JSONL files of about SIZE MB, read as the TPU preset reads its data
+(`configs/study_calibration.py:tpu`: files, a 32k BPE, seq_len 1024, batch 256). Every arm
+runs in its own subprocess, so its peak RSS (getrusage) is its own. The compression check
+fits the 32k BPE on a 1/10 sample and on all train docs of the first size and compares the
+held-out tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import ml_collections
+
+from moejax import build, cli
+from moejax.data import corpora, pipeline
+from moejax.data import prepare as prepare_lib
+from moejax.distributed import Shard
+from moejax.sizing import flops
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRESET = "configs/study_calibration.py:tpu"
+V5E_PEAK, CHIPS_PER_HOST = 197e12, 4  # bf16 FLOP/s per v5e chip; a v5e-16 host has 4 chips
+
+
+def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
+
+  c = cli.load_file(PRESET).data
+  c.update(paths=paths, **kw)
+  return c
+
+
+def write_corpus(folder: str, mb: int) -> str:
+  """JSONL files of the stdlib repeated to about `mb` MB; returns the data.paths glob."""
+
+  os.makedirs(folder, exist_ok=True)
+  marker = os.path.join(folder, "DONE")
+  if not os.path.exists(marker):
+    docs, info = corpora.load_stdlib()
+    copies = max(1, round(mb * 1e6 / info.n_bytes))
+    for k in range(copies):
+      with open(os.path.join(folder, f"part-{k:04d}.jsonl"), "w") as f:
+        f.writelines(json.dumps({"text": f"# copy {k}\n{d}"}) + "\n" for d in docs)
+    open(marker, "w").close()
+  return os.path.join(folder, "*.jsonl")
+
+
+def peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def iterate(data, rows_per_process: int, n_batches: int) -> float:
+  """Tokens/s of one process reading `rows_per_process` rows of each global batch."""
+
+  count = data.batch_size // rows_per_process
+  it = data.train_iterator(Shard(0, count))
+  next(it)
+  t = time.perf_counter()
+  for _ in range(n_batches):
+    next(it)
+  return n_batches * rows_per_process * data.seq_len / (time.perf_counter() - t)
+
+
+def arm(args) -> dict:
+  """One measurement in this (fresh) process."""
+
+  c = data_cfg(args.paths, **json.loads(args.extra))
+  t0 = time.perf_counter()
+  if args.arm == "imports":  # the floor every arm shares: Python, jax, grain, tokenizers
+    return {"rss_mb": peak_rss_mb()}
+  if args.arm == "prepare":
+    m = prepare_lib.prepare(c, args.out, log=lambda *a: None)
+    p = m["prepare"]
+    return {
+      "seconds": time.perf_counter() - t0,
+      "rss_mb": peak_rss_mb(),
+      "encode_tokens_per_s": p["encoded_tokens"] / p["encode_seconds"],
+      "cores": p["cpus"],
+      "train_tokens": m["train"]["tokens"],
+      "heldout_tokens": m["heldout"]["tokens"],
+      "sample_bytes": m["tokenizer"]["sample_bytes"],
+    }
+  if args.arm == "prepared":
+    c.prepared = args.out
+  data = pipeline.make_data(c, seed=0, workdir=None)
+  out = {"seconds": time.perf_counter() - t0, "rss_mb": peak_rss_mb()}
+  out["iter_full_batch"] = iterate(data, data.batch_size, 20)  # one process, 256 rows
+  out["iter_per_host"] = iterate(data, data.batch_size // 4, 40)  # v5e-16: 4 hosts, 64 rows
+  out["rss_after_iter_mb"] = peak_rss_mb()
+  return out
+
+
+def rss_mb(pid: int) -> float:
+  """The current resident set of a live process (Linux /proc), in MB."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      line = next(x for x in f if x.startswith("VmRSS:"))
+  except (OSError, StopIteration):
+    return 0.0
+  return int(line.split()[1]) / 1024
+
+
+def run_arm(name: str, paths: str, out: str, timeout: int, cap_mb: float, **extra) -> dict:
+  """One arm in a subprocess; killed past `timeout` s or `cap_mb` MB of RSS (a shared
+  machine), which is then what it reports."""
+  cmd = [sys.executable, __file__, "--arm", name, "--paths", paths, "--out", out]
+  cmd += ["--extra", json.dumps(extra)]
+  env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  t0, peak = time.time(), 0.0
+  while proc.poll() is None:
+    peak = max(peak, rss_mb(proc.pid))
+    if peak > cap_mb or time.time() - t0 > timeout:
+      proc.kill()
+      proc.wait()
+      why = f"RSS over {cap_mb:.0f} MB" if peak > cap_mb else f"over {timeout} s"
+      return {"error": f"killed at {time.time() - t0:.0f} s: {why}", "rss_mb": peak}
+    time.sleep(0.5)
+  stdout, stderr = proc.communicate()
+  if proc.returncode != 0:
+    return {"error": (stderr.strip().splitlines() or ["?"])[-1]}
+  return json.loads(stdout.strip().splitlines()[-1])
+
+
+def c_default_sample() -> int:
+  """data.bpe_sample_bytes's default: a corpus below it is fitted on all its train docs."""
+  return pipeline.DEFAULTS["bpe_sample_bytes"]
+
+
+def preset_tokens_per_host(mfu: float) -> float:
+
+  c = cli.load_file(PRESET)
+  per_token = flops.training_flops_per_token(build.model_config(c, 32768), c.data.seq_len).at()
+  return mfu * V5E_PEAK * CHIPS_PER_HOST / per_token
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--sizes", default="50,500")
+  ap.add_argument("--work", default="/tmp/moejax-data-bench")
+  ap.add_argument("--timeout", type=int, default=3600)
+  ap.add_argument("--mfu", type=float, default=0.4)
+  ap.add_argument("--cap_mb", type=float, default=12000, help="kill an arm past this RSS")
+  ap.add_argument("--arm", default="")
+  ap.add_argument("--paths", default="")
+  ap.add_argument("--out", default="")
+  ap.add_argument("--extra", default="{}")
+  args = ap.parse_args()
+  if args.arm:
+    print(json.dumps(arm(args)))
+    return
+  results = {"imports": run_arm("imports", "", "", args.timeout, args.cap_mb)}
+  for mb in (int(s) for s in args.sizes.split(",")):
+    paths = write_corpus(os.path.join(args.work, f"corpus{mb}"), mb)
+    out = os.path.join(args.work, f"prepared{mb}")
+    r = {"prepare": run_arm("prepare", paths, out, args.timeout, args.cap_mb)}
+    r["prepared"] = run_arm("prepared", paths, out, args.timeout, args.cap_mb)
+    r["memory"] = run_arm("memory", paths, out, args.timeout, args.cap_mb)
+    if mb * 1e6 <= c_default_sample():  # compression: a 1/10 sample vs all train docs
+      small = os.path.join(args.work, f"prepared{mb}-sample")
+      r["prepare_tenth"] = run_arm(
+        "prepare", paths, small, args.timeout, args.cap_mb, bpe_sample_bytes=int(mb * 1e6 / 10)
+      )
+    results[mb] = r
+    print(json.dumps({mb: r}), flush=True)
+  per_host = preset_tokens_per_host(args.mfu)
+  print(json.dumps({"imports": results["imports"], "preset_tokens_per_host": per_host}))
+
+
+if __name__ == "__main__":
+  main()
