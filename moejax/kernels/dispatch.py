@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax import sharding
 from moejax.errors import UserError, check_choice
-from moejax.kernels import blocked, fused, megablox, plans, ragged
+from moejax.kernels import batched, blocked, fused, megablox, plans, ragged, tokamax_ragged
 from moejax.kernels.grouped import Blocks
 from moejax.kernels.plans import ExpertWeights
 
@@ -65,6 +65,21 @@ KERNELS: dict[str, Kernel] = {
     True,
     "Pallas TPU grouped matmul gmm/tgmm (MaxText's default); interpret mode elsewhere",
     per_device=True,
+  ),
+  "tokamax": Kernel(
+    tokamax_ragged.run,
+    ("cuda",),
+    ("dropless",),
+    True,
+    "tokamax.ragged_dot: Mosaic GPU (sm90+) or Triton kernels, fwd/dx/dW; jax ragged_dot elsewhere",
+    per_device=True,
+  ),
+  "batched": Kernel(
+    batched.run,
+    PLATFORMS,
+    ("capacity",),
+    False,
+    "capacity buffer [group, E, C, D] as one batched einsum per projection; no loop",
   ),
 }
 IMPLS = ("auto", *KERNELS)

@@ -53,3 +53,23 @@ def _take_rows_bwd(res, g_MxD):
 
 
 take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
+@jax.custom_vjp
+def sum_rows(x_NxD: jax.Array, idx_MxJ: jax.Array, src_N: jax.Array) -> jax.Array:
+  """out[m] = Σ_j x[idx[m, j]] (`gather_sum`) where each input row is read at most once;
+  `src` is the inverse: the row of out that reads each input row (M for none). The VJP is
+  the gather dx[n] = g[src[n]]."""
+  return gather_sum(x_NxD, idx_MxJ)
+
+
+def _sum_rows_fwd(x_NxD, idx_MxJ, src_N):
+  return gather_sum(x_NxD, idx_MxJ), (idx_MxJ, src_N)
+
+
+def _sum_rows_bwd(res, g_MxD):
+  idx_MxJ, src_N = res
+  return take_or_zero(g_MxD, src_N), float0_like(idx_MxJ), float0_like(src_N)
+
+
+sum_rows.defvjp(_sum_rows_fwd, _sum_rows_bwd)

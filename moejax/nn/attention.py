@@ -15,17 +15,28 @@ softmax are float32 whatever the input dtype, and the output has the inputs' dty
   TPU): a flash-attention forward and backward that keep only the softmax statistics.
   Lowered for TPU it is a Mosaic kernel; on any other platform it runs in Pallas
   interpret mode (`jax.lax.platform_dependent`), which is what the CPU tests check.
+* `tokamax`: `tokamax.dot_product_attention` (openxla/tokamax), flash attention that keeps
+  only the softmax statistics for the backward pass: for the platform lowered for, on CUDA
+  its Mosaic GPU kernel (sm90/sm100, bf16) else its Triton kernel (sm80 and up, or f32), on
+  TPU its Mosaic TPU kernel from a TPU host, elsewhere (and for a TPU lowered from another
+  host) its "xla" reference, which does hold L×L (what the CPU tests check). tokamax picks
+  Mosaic GPU from the default device (`moejax.kernels.tokamax_ragged`, the same choice).
+  Per device in a `shard_map` over the batch axes under a context mesh, as splash.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import tokamax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from moejax import sharding
 from moejax.errors import UserError
+from moejax.kernels import tokamax_ragged
 
 # Splash tiles: MaxText's `sa_block_*` default (512), or the largest smaller one that divides
 # the sequence; the kernel needs multiples of 128 (the TPU lane width).
@@ -114,8 +125,61 @@ def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.
   return jnp.swapaxes(fn(q, k, v), 1, 2).astype(q_BxLxHxK.dtype)
 
 
+def _tokamax_context(impls: tuple[str, ...]):
+  tokamax_ragged.flags_parsed()
+  return tokamax.config.cross_compile(impls != tokamax_ragged.IMPLEMENTATIONS["default"])
+
+
+def _tokamax_call(q, k, v, impls):
+  return tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=impls)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tokamax_attend(q, k, v, impls: tuple[str, ...]):
+  """tokamax's attention and its own VJP, each traced with its GPU checks off (a backward
+  pass is traced after the forward's context has closed)."""
+  with _tokamax_context(impls):
+    return _tokamax_call(q, k, v, impls)
+
+
+def _tokamax_fwd(q, k, v, impls):
+  with _tokamax_context(impls):
+    return jax.vjp(functools.partial(_tokamax_call, impls=impls), q, k, v)
+
+
+def _tokamax_bwd(impls, vjp, do):
+  with _tokamax_context(impls):
+    return vjp(do)
+
+
+_tokamax_attend.defvjp(_tokamax_fwd, _tokamax_bwd)
+
+
+def _tokamax_local(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK):
+  """tokamax flash attention on one device's batch, its implementations per lowering platform
+  (`tokamax_ragged.IMPLEMENTATIONS`: the same lists, the same GPU checks turned off)."""
+  branches = {
+    p: functools.partial(_tokamax_attend, impls=i)
+    for p, i in tokamax_ragged.IMPLEMENTATIONS.items()
+  }
+  return jax.lax.platform_dependent(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, **branches)
+
+
+def tokamax_attention(
+  q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array
+) -> jax.Array:
+  """Causal GQA through tokamax's flash attention (it groups the kv heads itself, as HF's
+  `repeat_kv`), per device in a shard_map under a context mesh."""
+  fn, axes = _tokamax_local, sharding.batch_axes(q_BxLxHxK.shape[0])
+  if axes:
+    spec = jax.sharding.PartitionSpec(axes)
+    fn = jax.shard_map(fn, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+  return fn(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK).astype(q_BxLxHxK.dtype)
+
+
 ATTENTION_IMPLS = {
   "xla": xla_attention,
   "dot_product": dot_product_attention,
   "splash": splash_attention,
+  "tokamax": tokamax_attention,
 }
