@@ -164,9 +164,10 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     name=c.wandb.name,
     tags=c.wandb.tags,
   )
+  prepared = f" (prepared: {run.data.prepared})" if run.data.prepared else ""
   log(
     f"model: {run.n_params:,} params, {run.n_active:,} active per token; "
-    f"data: {run.data.corpus.name}, {run.data.train_tokens:,} train tokens; "
+    f"data: {run.data.corpus.name}, {run.data.train_tokens:,} train tokens{prepared}; "
     f"unigram baseline {run.data.unigram_entropy:.3f} nats/token"
   )
   if tracker.note:
