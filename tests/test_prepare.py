@@ -127,6 +127,24 @@ def test_prepared_windows_batches_and_state_equal_the_in_memory_path(prepared):
   assert bpe.to_json() == open(os.path.join(out, "tokenizer.json")).read()
 
 
+def test_each_process_reads_only_the_rows_of_its_batches(prepared, monkeypatch):
+  c, out, _ = prepared
+  pre = make_data(with_(c, prepared=out), seed=7, workdir=None)
+  reads = {0: [], 1: []}
+  real = shards.Windows.__getitem__
+  for index in (0, 1):
+    monkeypatch.setattr(
+      shards.Windows, "__getitem__", lambda w, i, r=reads[index]: r.append(i) or real(w, i)
+    )
+    it = pre.train_iterator(Shard(index, 2))
+    got = np.concatenate([next(it)["tokens"] for _ in range(5)])
+    rows = {bytes(row) for row in got}
+    assert all(isinstance(i, int) for i in reads[index])
+    assert len(reads[index]) <= 5 * 2 + 8 * 2  # its 5 batches, and grain's prefetch of 8
+    assert rows <= {bytes(real(pre.train_windows, i)) for i in reads[index]}
+  assert not set(reads[0]) & set(reads[1])  # the two processes never read the same row
+
+
 def test_tokenizer_sample_is_the_smallest_hashes_that_fit():
   """scan.Sample against a sort: the docs of smallest keyed hash whose bytes fit."""
   docs = [f"doc {i} " * (i % 7 + 1) for i in range(200)]
