@@ -87,6 +87,7 @@ def arm(args) -> dict:
       "seconds": time.perf_counter() - t0,
       "rss_mb": peak_rss_mb(),
       "encode_tokens_per_s": p["encoded_tokens"] / p["encode_seconds"],
+      "encode_tokens_per_cpu_s": p["encoded_tokens"] / p["encode_cpu_seconds"],
       "cores": p["cpus"],
       "train_tokens": m["train"]["tokens"],
       "heldout_tokens": m["heldout"]["tokens"],

@@ -30,11 +30,12 @@ def main() -> int:
   m = prepare_lib.prepare(_CONFIG.value.data, _OUT.value, part_bytes=int(_PART_MB.value * 1e6))
   p = m["prepare"]
   rate = p["encoded_tokens"] / p["encode_seconds"] if p["encode_seconds"] else 0.0
+  per_cpu = p["encoded_tokens"] / p["encode_cpu_seconds"] if p["encode_cpu_seconds"] else 0.0
   print(
     f"prepared {_OUT.value}: {m['train']['windows']:,} train and {m['heldout']['windows']:,} "
     f"held-out windows of {m['seq_len'] + 1} tokens in {len(m['train']['shards'])} + "
     f"{len(m['heldout']['shards'])} shards ({p['seconds']:.1f} s; encoding "
-    f"{rate:,.0f} tokens/s on {p['cpus']} cores)"
+    f"{rate:,.0f} tokens/s on {p['cpus']} cores, {per_cpu:,.0f} per CPU-second)"
   )
   print(f"train on it: --config.data.prepared={_OUT.value}")
   return 0

@@ -144,7 +144,7 @@ def prepare(
   )
   carry = {s: [] for s in shards.SPLITS}
   records = []
-  resuming, encoded, t_enc, n_done = True, 0, 0.0, 0
+  resuming, encoded, t_enc, cpu_enc, n_done = True, 0, 0.0, 0.0, 0
   for index, train, held in parts(scan.iter_docs(data_cfg), found.held_N, part_bytes):
     state_path = runio.path(out, STATE, f"part-{index:05d}.json")
     state = _read_json(state_path)
@@ -152,12 +152,12 @@ def prepare(
     if resuming:
       n_done = index + 1
     else:
-      t1 = time.time()
+      t1, cpu1 = time.time(), time.process_time()
       state = {"part": index}
       for split, docs in (("train", train), ("heldout", held)):
         name = f"{split}-{index:05d}.array_record"
         state[split] = _encode_split(tok, docs, carry[split], seq_len, out, name)
-      t_enc += time.time() - t1
+      t_enc, cpu_enc = t_enc + time.time() - t1, cpu_enc + time.process_time() - cpu1
       encoded += state["train"]["tokens"] + state["heldout"]["tokens"]
       _json(state_path, state)
       log(f"part {index}: {len(train) + len(held):,} docs encoded ({time.time() - t1:.1f} s)")
@@ -170,6 +170,7 @@ def prepare(
     "part_bytes": part_bytes,
     "seconds": round(time.time() - t0, 3),
     "encode_seconds": round(t_enc, 3),
+    "encode_cpu_seconds": round(cpu_enc, 3),  # all threads: tokens / this = per core
     "encoded_tokens": encoded,
     "cpus": os.cpu_count(),
   }
