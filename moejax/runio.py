@@ -57,6 +57,30 @@ def append_lines(p: str | os.PathLike, lines: list[str]) -> None:
     f.write(text)
 
 
+def move_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+  """Moves folder `src` to `dst`, creating `dst`'s parent. Object stores have no rename:
+  each object is copied, then `src` is deleted (a crash in between leaves both)."""
+  if not is_remote(src):
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    shutil.move(os.fspath(src), os.fspath(dst))
+    return
+  source, dest = path(src), path(dst)
+  for f in _files(source):
+    target = dest / f.relative_to(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(f.read_bytes())
+  source.rmtree()
+
+
+def _files(folder: epath.Path) -> Iterator[epath.Path]:
+  """Every file under `folder`, recursively (epath's rglob and walk refuse or mangle gs://)."""
+  for child in sorted(folder.iterdir()):
+    if child.is_dir():
+      yield from _files(child)
+    else:
+      yield child
+
+
 @contextlib.contextmanager
 def local_dir(p: str | os.PathLike) -> Iterator[str]:
   """A local folder standing for `p`: `p` itself when local; for a remote `p` a temporary

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import threading
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from moejax import runio
 from moejax.errors import UserError
 
 
@@ -162,10 +162,9 @@ def restore_latest_good(
 
 def _move_aside(workdir: str, directory, step: int) -> str:
   """Moves `checkpoints/<step>` to `checkpoints_corrupt/<step>[.n]`; returns the new path."""
-  root = os.path.join(workdir, "checkpoints_corrupt")
-  os.makedirs(root, exist_ok=True)
+  root = os.path.join(workdir, "checkpoints_corrupt")  # os.path.join keeps gs:// as it is
   dest, n = os.path.join(root, str(step)), 1
-  while os.path.exists(dest):
+  while runio.exists(dest):
     dest, n = os.path.join(root, f"{step}.{n}"), n + 1
-  shutil.move(os.path.join(str(directory), str(step)), dest)
+  runio.move_dir(os.path.join(str(directory), str(step)), dest)
   return dest
