@@ -16,10 +16,15 @@ configs/study_calibration.py:tpu), vocab 32,768, 16 × 1024 tokens per step, bfl
 coarse 8/2/1024 and fine 64/8/256 (E/K/d_expert, the TPU preset's experts), both with
 K·d_expert = 2048, so one dense twin (d_ff 2048, train_step.dense_twin) serves both.
 
-Arms: the dense twin, then each MoE shape with every kernel in `moejax.kernels.dispatch.KERNELS`
-meant for the platform (`Kernel.backends`), plus `ragged` where it is not (CPU and GPU: the
-densified ragged_dot, for comparison) and, on NVIDIA GPUs, `ragged` again with
-`--xla_gpu_experimental_use_ragged_dot_fusion` (cuDNN's grouped GEMM; bf16 only).
+Arms: the dense twin, then each MoE shape with every dropless kernel in
+`moejax.kernels.dispatch.KERNELS` meant for the platform (`Kernel.backends`; on NVIDIA GPUs
+`tokamax`, tokamax's Mosaic GPU or Triton grouped matmuls), plus `ragged` where it is not
+(CPU and GPU: the densified ragged_dot, for comparison) and, on NVIDIA GPUs, `ragged` again
+with `--xla_gpu_experimental_use_ragged_dot_fusion` (cuDNN's grouped GEMM; bf16 only). On an
+accelerator, each shape also runs in capacity mode (`model.moe.dispatch=capacity`, factor
+1.25) with every kernel serving it: `fused` (the block loop) and `batched` (one einsum per
+projection). Attention is `--attention` (default per platform: `tokamax` flash attention on
+NVIDIA GPUs, `splash` on TPU, `xla` elsewhere).
 
 Each arm runs in its own process (`--worker`): the train step is the one `moejax.train`
 runs (`trainer.compile_steps`: guarded, state donated, the trainer's shardings over all
@@ -96,6 +101,7 @@ class Arm(NamedTuple):
   impl: str  # "" for dense
   shape: Shape | None
   xla_flags: str
+  mode: str = "dropless"  # model.moe.dispatch
 
   def to_json(self) -> dict:
     d = self._asdict()
@@ -111,8 +117,26 @@ def impls_for(platform: str, kernels: dict | None) -> list[str]:
   return [n for n, k in kernels.items() if platform in k.backends or n in extra]
 
 
-def plan_arms(platform: str, impls: list[str], coarse: Shape, fine: Shape) -> list[Arm]:
-  """Dense twin(s) first (one per distinct K·d_expert), then each shape × impl."""
+def split_modes(platform: str, impls: list[str], kernels: dict | None) -> tuple[list, list]:
+  """(dropless impls, capacity impls) among `impls`. Capacity arms run on accelerators only,
+  and not `blocked` (the fused loop, unfused)."""
+  if kernels is None:
+    return list(impls), []
+  dropless = [n for n in impls if "dropless" in kernels[n].modes]
+  capacity = [n for n in impls if "capacity" in kernels[n].modes and n != "blocked"]
+  return dropless, capacity if platform != "cpu" else []
+
+
+def default_attention(platform: str) -> str:
+  """`--attention auto`: the flash kernel of the platform, else today's attention."""
+  return {"cuda": "tokamax", "tpu": "splash"}.get(platform, "xla")
+
+
+def plan_arms(
+  platform: str, impls: list[str], coarse: Shape, fine: Shape, capacity: list[str] = ()
+) -> list[Arm]:
+  """Dense twin(s) first (one per distinct K·d_expert), then each shape × dropless impl, then
+  each shape × capacity impl."""
   arms, widths = [], []
   for s in (coarse, fine):
     if s.top_k * s.d_expert not in widths:
@@ -124,6 +148,9 @@ def plan_arms(platform: str, impls: list[str], coarse: Shape, fine: Shape) -> li
       arms.append(Arm(f"{model}-{impl}", model, impl, s, ""))
       if impl == "ragged" and platform == "cuda":
         arms.append(Arm(f"{model}-ragged-cudnn", model, impl, s, RAGGED_FUSION_FLAG))
+  for model, s in (("coarse", coarse), ("fine", fine)):
+    for impl in capacity:
+      arms.append(Arm(f"{model}-capacity-{impl}", model, impl, s, "", "capacity"))
   return arms
 
 
@@ -143,8 +170,11 @@ def arm_config(args, arm: Arm):
     vocab_size=args.vocab,
     dtype=args.dtype,
   )
+  if args.attention != "auto":
+    c.model.attention = args.attention
   s = arm.shape
   c.model.moe.update(rule="qwen3_moe", n_experts=s.n_experts, top_k=s.top_k, d_expert=s.d_expert)
+  c.model.moe.dispatch = arm.mode
   if arm.impl:
     c.model.moe.impl = arm.impl
   docs = max(200, args.batch * (args.seq_len + 1) // 100)  # ~350 byte tokens per document
@@ -244,6 +274,9 @@ def probe() -> dict:
   platform = d.platform
   if platform == "gpu":
     platform = "rocm" if "rocm" in str(d.client.platform_version).lower() else "cuda"
+  kernels = getattr(dispatch, "KERNELS", None)
+  impls = impls_for(platform, kernels)
+  dropless, capacity = split_modes(platform, impls, kernels)
   try:
     auto = dispatch.resolve_impl("auto", "dropless", platform)
   except Exception as e:  # noqa: BLE001  (an older resolve_impl signature)
@@ -254,7 +287,10 @@ def probe() -> dict:
     "n_devices": jax.device_count(),
     "peak_bf16_tflops": flops.peak_bf16_tflops(d.device_kind),
     "jax": jax.__version__,
-    "impls": impls_for(platform, getattr(dispatch, "KERNELS", None)),
+    "impls": impls,
+    "dropless_impls": dropless,
+    "capacity_impls": capacity,
+    "attention": default_attention(platform),
     "auto_impl": auto,
     "env_xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
@@ -309,7 +345,10 @@ def _bytes(n: int) -> str:
   return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-HEADER = "| arm | E/K/f | impl | tokens/s | TFLOPS/device | MFU | peak memory | compile s | note |"
+HEADER = (
+  "| arm | E/K/f | dispatch | impl | tokens/s | TFLOPS/device | MFU | peak memory | compile s "
+  "| note |"
+)
 
 
 def table_row(r: dict) -> str:
@@ -317,11 +356,14 @@ def table_row(r: dict) -> str:
   ekf = f"dense d_ff {r['d_ff']}" if r["model"] == "dense" and r.get("d_ff") else ""
   if not ekf and shape:
     ekf = f"{shape['n_experts']}/{shape['top_k']}/{shape['d_expert']}"
+  mode = r.get("mode", "dropless") if r["model"] != "dense" else "—"
   if r.get("error"):
-    return f"| {r['name']} | {ekf} | {r['impl'] or '—'} | — | — | — | — | — | {r['error']} |"
+    return (
+      f"| {r['name']} | {ekf} | {mode} | {r['impl'] or '—'} | — | — | — | — | — | {r['error']} |"
+    )
   note = "XLA_FLAGS " + r["xla_flags"] if r["xla_flags"] else ""
   return (
-    f"| {r['name']} | {ekf} | {r['impl'] or '—'} | {r['tokens_per_s']:,.0f} | "
+    f"| {r['name']} | {ekf} | {mode} | {r['impl'] or '—'} | {r['tokens_per_s']:,.0f} | "
     f"{r['tflops_per_device']:.3g} | {_fmt(r['mfu'], '.1%')} | "
     f"{_bytes(r['peak_bytes'])} ({r['peak_source']}) | {r['compile_s']:.1f} | {note} |"
   )
@@ -339,13 +381,13 @@ def markdown(report: dict) -> str:
     (
       f"d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']}/{s['n_kv_heads']} "
       f"heads, vocab {s['vocab'] or 'byte'}, {s['batch']} × {s['seq_len']} tokens per step, "
-      f"{s['dtype']}; min of {s['repeats']} steps."
+      f"{s['dtype']}, attention {s.get('attention', 'xla')}; min of {s['repeats']} steps."
     ),
     "",
     f"Command: `{report['command']}`",
     "",
     HEADER,
-    "|---|---|---|---:|---:|---:|---:|---:|---|",
+    "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     *(table_row(r) for r in report["arms"]),
   ]
   return "\n".join(lines) + "\n"
@@ -376,6 +418,9 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--batch", type=int, default=16, help="sequences per step, all devices")
   p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+  p.add_argument(
+    "--attention", default="auto", help="model.attention; auto: tokamax on cuda, splash on tpu"
+  )
   p.add_argument("--coarse", type=parse_shape, default=Shape(8, 2, 1024), help="E/K/d_expert")
   p.add_argument("--fine", type=parse_shape, default=Shape(64, 8, 256), help="E/K/d_expert")
   p.add_argument("--impls", default="", help="comma-separated subset (default: all that run)")
@@ -394,7 +439,7 @@ def parser() -> argparse.ArgumentParser:
 def forwarded_flags(args) -> list[str]:
   """The flags a worker needs to rebuild the same configs."""
   argv = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SHAPE_FLAGS]
-  argv += [f"--dtype={args.dtype}", f"--repeats={args.repeats}"]
+  argv += [f"--dtype={args.dtype}", f"--repeats={args.repeats}", f"--attention={args.attention}"]
   for key, value in args.set:
     argv.append(f"--set={key}={value!r}")
   return argv
@@ -426,16 +471,21 @@ def main() -> None:
     if unknown:
       _fail(f"--impls {','.join(unknown)} is not runnable here; use {','.join(impls)}")
     impls = wanted
+  capacity = [n for n in info.get("capacity_impls", []) if n in impls]
+  impls = [n for n in info.get("dropless_impls", impls) if n in impls]
+  if args.attention == "auto":
+    args.attention = info.get("attention", "xla")
   print(f"{info['device_kind']} × {info['n_devices']} ({info['platform']}); impls {impls}")
+  print(f"capacity impls {capacity}; attention {args.attention}")
   print(HEADER, flush=True)
   results = []
-  for arm in plan_arms(info["platform"], impls, args.coarse, args.fine):
+  for arm in plan_arms(info["platform"], impls, args.coarse, args.fine, capacity):
     left = args.budget_s - (time.time() - t0)
     results.append(measure(args, forwarded_flags(args), arm, left))
     print(table_row(results[-1]), flush=True)
   report = {
     "probe": info,
-    "shape": {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dtype", "repeats")},
+    "shape": {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dtype", "repeats", "attention")},
     "command": " ".join(["python", "benchmarks/accelerator.py", *sys.argv[1:]]),
     "seconds": time.time() - t0,
     "arms": results,

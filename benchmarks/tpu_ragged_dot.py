@@ -1,21 +1,32 @@
 """Is `jax.lax.ragged_dot` expanded on TPU? Compiles it ahead of time for an abstract v5e
 chip (no TPU needed; `pip install -e ".[tpu]"`) and prints the TPU compiler's FLOP count
-and temporaries for the forward, dx and dW, against megablox's `gmm`/`tgmm`.
+and temporaries for the forward, dx and dW, against megablox's `gmm`/`tgmm` and tokamax's
+Mosaic TPU `ragged_dot`.
 
 `JAX_PLATFORMS=cpu python benchmarks/tpu_ragged_dot.py` (figures in README, Dispatch).
+
+`--train-step`: the TPU preset's whole train step (configs/study_calibration.py:tpu) on
+v5e:4x4 with `impl=megablox` and `impl=tokamax`: per-device FLOPs, temporaries and custom
+calls from the TPU compiler. tokamax picks its Mosaic TPU kernel from JAX's default device,
+so both compile under `jax.default_device(<a compile-only v5e chip>)` (from a CPU host
+without it, `impl=tokamax` falls back to `jax.lax.ragged_dot`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import time
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
-from moejax.kernels import megablox
+from moejax.kernels import megablox, tokamax_ragged
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def compiled_cost(fn, args) -> tuple[float, int, list[str]]:
@@ -27,13 +38,46 @@ def compiled_cost(fn, args) -> tuple[float, int, list[str]]:
   return float(cost["flops"]), int(c.memory_analysis().temp_size_in_bytes), targets
 
 
+def train_steps(topology: str, impls: list[str]) -> None:
+  """The TPU preset's train step compiled per impl: FLOPs and bytes per device."""
+  from moejax import aot, cli  # pylint: disable=import-outside-toplevel  (the tpu extra's)
+
+  target = aot.tpu_target(topology)
+  print(f"configs/study_calibration.py:tpu train step on {topology} ({target.hbm_source})")
+  print("| impl | compile s | TFLOPs/device | temporaries GiB | arguments GiB | tpu custom calls |")
+  print("|---|---:|---:|---:|---:|---:|")
+  for impl in impls:
+    c = cli.load_file(os.path.join(REPO, "configs/study_calibration.py:tpu"))
+    c.model.moe.impl = impl
+    t = time.perf_counter()
+    with jax.default_device(target.devices[0]):
+      abstract = aot.abstract_run(c, target)
+      step = aot.train_step(abstract)
+      compiled = step.lower(abstract.run.state, abstract.tokens, abstract.rng).compile()
+    seconds = time.perf_counter() - t
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    m = compiled.memory_analysis()
+    calls = compiled.as_text().count('custom_call_target="tpu_custom_call"')
+    print(
+      f"| {impl} | {seconds:.0f} | {float(cost['flops']) / 1e12:.2f} | "
+      f"{m.temp_size_in_bytes / 2**30:.2f} | {m.argument_size_in_bytes / 2**30:.2f} | {calls} |"
+    )
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--rows", type=int, default=4096)
   p.add_argument("--d-model", type=int, default=1024)
   p.add_argument("--d-expert", type=int, default=256)
   p.add_argument("--experts", type=int, default=64)
+  p.add_argument("--train-step", action="store_true", help="the TPU preset's step per impl")
+  p.add_argument("--topology", default="v5e:4x4")
+  p.add_argument("--impls", default="megablox,tokamax")
   a = p.parse_args()
+  if a.train_step:
+    train_steps(a.topology, a.impls.split(","))
+    return
   topo = topologies.get_topology_desc(
     platform="tpu", topology_name="v5e:2x2", chips_per_host_bounds=(2, 2, 1)
   )
@@ -46,12 +90,14 @@ def main() -> None:
   )
   ragged = lambda x, w, g: jax.lax.ragged_dot(x, w, g, preferred_element_type=jnp.float32).sum()
   gmm = lambda x, w, g: megablox.gmm(x, w, g, 512, False).sum()
+  tokamax = lambda x, w, g: tokamax_ragged.gmm(x, w, g, ("mosaic",)).astype(jnp.float32).sum()
   print(f"rows {M}, d_model {D}, d_expert {F}, E {E}; ideal 2·M·D·F = {2 * M * D * F:.3g} FLOPs")
   print("| kernel | pass | FLOPs | / ideal | temp bytes | custom calls |")
   print("|---|---|---:|---:|---:|---|")
-  for name, fn in (("ragged_dot", ragged), ("megablox", gmm)):
+  for name, fn in (("ragged_dot", ragged), ("megablox", gmm), ("tokamax", tokamax)):
     for part, f in (("forward", fn), ("dx", jax.grad(fn, 0)), ("dW", jax.grad(fn, 1))):
-      flops, temp, targets = compiled_cost(f, args)
+      with jax.default_device(topo.devices[0]):  # tokamax: its Mosaic TPU kernel
+        flops, temp, targets = compiled_cost(f, args)
       ratio = flops / (2 * M * D * F)
       print(f"| {name} | {part} | {flops:.3g} | {ratio:.1f} | {temp:,} | {', '.join(targets)} |")
 

@@ -92,6 +92,29 @@ def test_gpu_plan_adds_the_cudnn_ragged_arm(bench):
   assert not any(a.xla_flags for a in bench.plan_arms("tpu", ["ragged"], coarse, fine))
 
 
+def test_gpu_arms_include_tokamax_and_capacity_arms_with_batched(bench):
+  """With the real kernel table: tokamax among the GPU's dropless arms, batched only in
+  capacity mode (beside fused), and no capacity arms on CPU."""
+  from moejax.kernels.dispatch import KERNELS
+
+  impls = bench.impls_for("cuda", KERNELS)
+  dropless, capacity = bench.split_modes("cuda", impls, KERNELS)
+  assert "tokamax" in dropless and "batched" not in dropless
+  assert capacity == ["fused", "batched"]
+  assert bench.split_modes("cpu", bench.impls_for("cpu", KERNELS), KERNELS)[1] == []
+  arms = bench.plan_arms(
+    "cuda", ["fused"], bench.Shape(8, 2, 1024), bench.Shape(64, 8, 256), capacity
+  )
+  cap = [(a.name, a.mode, a.impl) for a in arms if a.mode == "capacity"]
+  assert cap == [
+    ("coarse-capacity-fused", "capacity", "fused"),
+    ("coarse-capacity-batched", "capacity", "batched"),
+    ("fine-capacity-fused", "capacity", "fused"),
+    ("fine-capacity-batched", "capacity", "batched"),
+  ]
+  assert bench.default_attention("cuda") == "tokamax" and bench.default_attention("cpu") == "xla"
+
+
 def test_one_dense_twin_per_active_width(bench):
   """K·d_expert 2048 for both shapes: one dense arm; different widths: one each."""
   same = bench.plan_arms("cpu", ["fused"], bench.Shape(8, 2, 1024), bench.Shape(64, 8, 256))

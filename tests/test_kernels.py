@@ -33,11 +33,15 @@ def test_every_kernel_declares_backends_modes_and_a_description():
 
 
 def test_auto_is_a_lookup_per_platform_and_never_ragged_off_tpu():
-  for p in ("cpu", "cuda", "rocm"):
+  for p in ("cpu", "rocm"):
     assert dsp.resolve_impl("auto", "dropless", p) == "fused"
+  assert dsp.resolve_impl("auto", "dropless", "cuda") == "tokamax"
   assert dsp.resolve_impl("auto", "dropless", "tpu") == "megablox"
-  assert all(dsp.resolve_impl("auto", "capacity", p) == "fused" for p in dsp.PLATFORMS)
+  assert dsp.resolve_impl("auto", "capacity", "cuda") == "batched"
+  assert all(dsp.resolve_impl("auto", "capacity", p) == "fused" for p in ("cpu", "rocm", "tpu"))
   assert dsp.resolve_impl("ragged", "dropless", "cuda") == "ragged"
+  for mode, table in dsp.AUTO.items():  # auto only picks a kernel that serves the mode
+    assert all(mode in dsp.KERNELS[name].modes for name in table.values()), mode
 
 
 @pytest.mark.parametrize("impl", ["ragged", "megablox"])
@@ -54,7 +58,9 @@ def _exported(impl: str, platform: str) -> str:
   lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   tokens = next(run.data.train_iterator())["tokens"]
-  exp = export.export(jax.jit(step_fn), platforms=(platform,))(run.state, tokens, jax.random.key(0))
+  exp = export.export(
+    jax.jit(step_fn), platforms=(platform,), disabled_checks=dsp.EXPORT_DISABLED_CHECKS
+  )(run.state, tokens, jax.random.key(0))
   return exp.mlir_module()
 
 
@@ -62,7 +68,10 @@ RAGGED_OP = "chlo.ragged_dot"  # what jax.lax.ragged_dot lowers to for XLA's rew
 
 
 def test_default_train_step_exported_for_cuda_holds_no_ragged_dot():
-  assert RAGGED_OP not in _exported("auto", "cuda")
+  """`auto` on CUDA is tokamax's grouped matmuls (Triton kernels, traced on a host without a
+  GPU), not XLA's densified ragged dot."""
+  text = _exported("auto", "cuda")
+  assert RAGGED_OP not in text and "__gpu$xla.gpu.triton" in text
 
 
 def test_ragged_train_step_exported_for_cuda_holds_ragged_dot():

@@ -83,17 +83,29 @@ KERNELS: dict[str, Kernel] = {
   ),
 }
 IMPLS = ("auto", *KERNELS)
+# What `jax.export` needs to serialize a program holding these kernels (the GPU ones' Triton
+# and Mosaic custom calls): `jax.export.export(fn, platforms=..., disabled_checks=...)`.
+EXPORT_DISABLED_CHECKS = tokamax_ragged.EXPORT_DISABLED_CHECKS
 
-# `auto` per mode and platform. GPU: the block loop, until a measurement on a GPU shows a
-# faster exact kernel (ragged_dot is densified there, see moejax/kernels/ragged.py). TPU dropless:
-# megablox. Compiled for v5e by the TPU compiler (benchmarks/tpu_ragged_dot.py, M 4096,
-# d 1024, f 256, E 64), ragged_dot's forward and dx are native (1.0x the ideal FLOPs) but
-# its dW (the ragged-contracting transpose) is expanded over all E groups: 64.2x the ideal
-# FLOPs; megablox's tgmm does dW at 1.0x. MaxText defaults to megablox on TPU too.
-# Capacity buffers are small and fixed: the fused loop everywhere.
+# `auto` per mode and platform, from compile evidence (no device has timed these):
+# * NVIDIA GPU: `tokamax` (dropless) and `batched` (capacity), the kernels whose compiled
+#   program fits and has no per-block while loop. One MoE layer's forward + backward at the
+#   TPU preset's per-device shapes on 8 GPUs (T 32768, d 1024, E 64, K 8, f 256, bf16),
+#   compiled deviceless by XLA:GPU (benchmarks/gpu_kernels_compile.py): `fused` 1.52 GiB of
+#   temporaries and 12 while loops (dynamic trip counts: a few small GEMMs per block per
+#   iteration); `tokamax` 0 loops, 6 kernels: Mosaic GPU on H100 (2.69 GiB), Triton on A100
+#   (1.57 GiB), Mosaic forward/dx + Triton dW on B200 (1.88 GiB); `ragged` 184 GiB (XLA's
+#   dense rewrite over all E groups). Capacity (factor 1.25): `fused` 1.84 GiB, 2 loops of 64
+#   trips (one per expert block); `batched` 2.41 GiB, 0 loops.
+# * TPU dropless: megablox. Compiled for v5e by the TPU compiler (benchmarks/tpu_ragged_dot.py,
+#   M 4096, d 1024, f 256, E 64), ragged_dot's forward and dx are native (1.0x the ideal
+#   FLOPs) but its dW (the ragged-contracting transpose) is expanded over all E groups: 64.2x
+#   the ideal FLOPs; megablox's tgmm and tokamax's Mosaic TPU kernel do dW at 1.0x.
+#   MaxText defaults to megablox on TPU too.
+# * CPU, ROCm, and capacity off CUDA: the fused loop (measured fastest on CPU; ROCm untested).
 AUTO: dict[str, dict[str, str]] = {
-  "dropless": {"cpu": "fused", "cuda": "fused", "rocm": "fused", "tpu": "megablox"},
-  "capacity": {p: "fused" for p in PLATFORMS},
+  "dropless": {"cpu": "fused", "cuda": "tokamax", "rocm": "fused", "tpu": "megablox"},
+  "capacity": {"cpu": "fused", "cuda": "batched", "rocm": "fused", "tpu": "fused"},
 }
 
 

@@ -49,6 +49,9 @@ DX = jax.lax.RaggedDotDimensionNumbers(((([1], [2]), ([], []))), [0], [0])  # mn
 DW = jax.lax.RaggedDotDimensionNumbers(((([0], [0]), ([], []))), [0], [])  # mk,mn->ekn
 
 IMPLEMENTATIONS = {"cuda": ("mosaic", "triton"), "tpu": ("mosaic", "xla"), "default": ("xla",)}
+# The Triton and Mosaic custom calls carry no compatibility guarantee, so `jax.export` refuses
+# to serialize them unless told (tokamax's own list); a lowering or a compile needs nothing.
+EXPORT_DISABLED_CHECKS = tokamax.DISABLE_JAX_EXPORT_CHECKS
 
 
 class _CacheMisses(logging.Filter):
