@@ -2,20 +2,33 @@
 
 * No placeholder is left in a run's data path or any string override (the TPU sweep's
   `gs://YOUR_BUCKET/...` is refused, naming the run and the key).
-* The run's train step is built for its accelerator the way `moejax.aot` builds it: on a
-  TPU, compiled ahead of time for the slice's topology (`tpu-v5e-16` -> `v5e:4x4`) and
-  refused when it does not compile or its per-device bytes exceed the chip's HBM; on GPUs,
-  exported for ("cuda",) on an abstract mesh of all the job's GPUs, refused when it does not
-  lower (no fit check: the GPU's memory is not known from its name).
+* The run's train step is compiled for its accelerator's compile-only devices the way
+  `moejax.aot` builds it, and refused when it does not compile or its per-device bytes
+  exceed the device's memory: a TPU slice by its topology (`tpu-v5e-16` -> `v5e:4x4`, libtpu:
+  the `tpu` extra), GPU nodes by their shipped target config (`H100:8` with num_nodes 2 ->
+  `h100:2x8`; jax's CUDA plugin: the `cuda` extra). Without the compiler the run is listed as
+  not checked (a GPU run is still exported for ("cuda",), so a lowering error refuses it);
+  so is a GPU without a target config (`aot.GPUS`).
 
-Runs whose configs differ only in `train.seed` or `wandb.*` build the same program, so it
-is compiled once for all of them. Without libtpu (the `tpu` extra) the TPU compile cannot
-run: each TPU run is then listed as not checked, and nothing is refused for it.
+One compile per memory signature (`memory_signature`), not per run: runs whose configs
+differ only in what sets values, not buffers, build programs of the same bytes. Left out of
+the key: `train.seed`, the schedule's lengths and rates, init scales, `data.paths` and `data.prepared`, `eval.*`
+(the grid is not compiled here), `wandb.*`, and the merge rule's coefficient math (its
+score, norm, lp, scale and group score): those are elementwise maps of the router's
+[tokens, E] scores into buffers of the same shapes and dtypes. The rule's structure stays in
+the key (a shared expert and its gate, a selection bias, expert groups: they add parameters
+or router state), as do shapes, dtypes, dispatch mode and impl, remat, attention, mesh,
+batch, the losses and the accelerator. Measured on v5e:4x4 (README "Cloud"): factor B's
+eight rules at the TPU preset span 0.03 GiB of 15.75. Distinct programs compile in parallel
+worker processes (`workers`); `per_run=True` compiles every run on its own.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
+import os
 import re
 from collections.abc import Callable
 
@@ -26,6 +39,24 @@ from launch.spec import RunSpec, Sweep
 from moejax.errors import UserError
 
 PLACEHOLDER = re.compile(r"YOUR_[A-Z_]+|<[A-Za-z_ -]+>|CHANGE_?ME")
+# Config keys that set values, not the program's buffers (see the module docstring).
+VALUE_KEYS = (
+  "train.seed",
+  "train.steps",
+  "train.log_every",
+  "train.eval_every",
+  "train.ckpt_every",
+  "train.keep_checkpoints",
+  "optim.lr",
+  "optim.warmup_steps",
+  "model.init_std",
+  "model.moe.expert_init_std",
+  "data.paths",
+  "data.prepared",
+  "eval",
+  "wandb",
+)
+RULE_MATH = ("score", "norm", "lp", "scale", "group_score")  # routing.MergeRule fields
 
 
 def run_config(sweep: Sweep, run: RunSpec) -> ml_collections.ConfigDict:
@@ -60,40 +91,73 @@ def check_placeholders(run: RunSpec, c: ml_collections.ConfigDict) -> None:
       )
 
 
-def _program_key(c: ml_collections.ConfigDict) -> str:
+def memory_signature(c: ml_collections.ConfigDict) -> str:
+  """What sets the train step's bytes: the config without VALUE_KEYS, with the merge rule
+  as its resolved structure (RULE_MATH left out)."""
+  from moejax import build  # pylint: disable=import-outside-toplevel
+
   d = c.to_dict()
-  d.pop("wandb", None)
-  d["train"].pop("seed", None)
+  for key in VALUE_KEYS:
+    *path, last = key.split(".")
+    node = d
+    for part in path:
+      node = node.get(part, {})
+    node.pop(last, None)
+  if c.model.moe_every > 0:
+    rule = build.resolved_rule(c)
+    for field in (*rule, "rule"):
+      d["model"]["moe"].pop(field, None)
+    d["model"]["moe"]["resolved_rule"] = {k: v for k, v in rule.items() if k not in RULE_MATH}
   return json.dumps(d, sort_keys=True, default=str)
 
 
-def check_fit(run: RunSpec, c: ml_collections.ConfigDict, accelerators: str, num_nodes: int):
-  """The one line describing the run's program on its accelerator; raises a UserError
-  naming the run when it does not compile, lower or fit."""
+def check_fit(label: str, c: ml_collections.ConfigDict, accelerators: str, num_nodes: int):
+  """The one line describing the program of run `label` on its accelerator; raises a
+  UserError naming the run when it does not compile, lower or fit."""
   from moejax import aot  # pylint: disable=import-outside-toplevel
 
   topology = aot.topology_of_accelerator(accelerators)
   if topology is not None:
     if not aot.libtpu_available():
-      return f"not checked: no libtpu here (pip install -e '.[tpu]') to compile for {topology}"
-    fp = aot.footprint(c, aot.tpu_target(topology), f"run {run.name}")
-    need, have = fp.total / 2**30, fp.target.hbm_bytes / 2**30
-    if not fp.fits:
-      raise UserError(
-        f"run {run.name}: the train step needs {need:.2f} GiB per device on {accelerators} "
-        f"({topology}; temporaries {fp.temporaries / 2**30:.2f} GiB), over the {have:.2f} GiB "
-        f"HBM; see python -m moejax.describe --config {run.config} --topology {topology}"
-      )
-    return f"fits {topology}: {need:.2f} of {have:.2f} GiB per device (impl {fp.impl})"
+      return f"not checked: no libtpu here ({aot.TPU_INSTALL}) to compile for {topology}"
+    return _fit_line(label, c, accelerators, aot.tpu_target(topology), f"--topology {topology}")
+  gpu = aot.gpu_of_accelerator(accelerators, num_nodes)
+  if gpu is not None and aot.cuda_available():
+    return _fit_line(label, c, accelerators, aot.gpu_target(gpu), f"--gpu {gpu}")
   gpus = _gpu_count(accelerators) * num_nodes
   try:
     aot.export_gpu(c, gpus)
   except UserError as e:
-    raise UserError(f"run {run.name}: {e}") from None
+    raise UserError(f"run {label}: {e}") from None
   except Exception as e:  # noqa: BLE001  any lowering error refuses the run
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise UserError(f"run {run.name}: the train step does not lower for cuda: {first}") from None
-  return f"lowers for cuda on {gpus} GPUs (memory not checked: see moejax.describe --devices)"
+    raise UserError(f"run {label}: the train step does not lower for cuda: {first}") from None
+  why = (
+    f"no GPU compiler here ({aot.CUDA_INSTALL})"
+    if gpu
+    else f"no compile-only target for {accelerators} (known: {', '.join(_sky_gpus(aot))})"
+  )
+  return f"lowers for cuda on {gpus} GPUs; memory not checked: {why}"
+
+
+def _sky_gpus(aot) -> list[str]:
+  return [g.sky[0] for g in aot.GPUS.values()]
+
+
+def _fit_line(label, c, accelerators, target, flag) -> str:
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+
+  fp = aot.footprint(c, target, f"run {label}")
+  need, have = fp.total / 2**30, target.hbm_bytes / 2**30
+  if not fp.fits:
+    raise UserError(
+      f"run {label}: the train step needs {need:.2f} GiB per device on {accelerators} "
+      f"({target.name}; temporaries {fp.temporaries / 2**30:.2f} GiB), over the {have:.2f} GiB "
+      f"usable; see python -m moejax.describe --config CONFIG {flag}"
+    )
+  grows = sum(lp.grows for lp in fp.loops)
+  loops = f", {len(fp.loops)} while loops ({grows} grow with rows)" if fp.loops else ""
+  return f"fits {target.name}: {need:.2f} of {have:.2f} GiB per device (impl {fp.impl}{loops})"
 
 
 def _gpu_count(accelerators: str) -> int:
@@ -105,11 +169,32 @@ def _gpu_count(accelerators: str) -> int:
     raise UserError(f"accelerators {accelerators!r}: use NAME or NAME:COUNT") from None
 
 
+def _check(job: tuple) -> tuple[bool, str]:
+  """(ok, line or error message) of one program; runs in a worker process."""
+  label, config_dict, accelerators, num_nodes = job
+  c = ml_collections.ConfigDict(config_dict)
+  try:
+    return True, check_fit(label, c, accelerators, num_nodes)
+  except UserError as e:
+    return False, str(e)
+
+
+def default_workers(n_programs: int) -> int:
+  """One process per core, at most one per program (a compile is single-threaded mostly)."""
+  return max(1, min(n_programs, os.cpu_count() or 1))
+
+
 def check_runs(
-  sweep: Sweep, runs: list[RunSpec], compute_of: Callable, log: Callable[[str], None] = print
+  sweep: Sweep,
+  runs: list[RunSpec],
+  compute_of: Callable,
+  log: Callable[[str], None] = print,
+  workers: int = 0,
+  per_run: bool = False,
 ) -> None:
-  """Every run's placeholders, then its program on its accelerator (one compile per
-  distinct program); raises a one-line UserError for the first run refused."""
+  """Every run's placeholders, then its program on its accelerator: one compile per memory
+  signature (`per_run`: per run), distinct ones in `workers` processes (0: one per core).
+  Raises a one-line UserError for the first run refused, in the sweep's order."""
   configs = {}
   for run in runs:
     try:
@@ -117,10 +202,32 @@ def check_runs(
     except UserError as e:
       raise UserError(f"run {run.name}: {e}") from None
     check_placeholders(run, configs[run.name])
-  done: dict[tuple, str] = {}
+  key_of, jobs = {}, {}
   for run in runs:
     compute = compute_of(run)
-    key = (compute.accelerators, compute.num_nodes, _program_key(configs[run.name]))
-    if key not in done:
-      done[key] = check_fit(run, configs[run.name], compute.accelerators, compute.num_nodes)
-    log(f"checked: {run.name}: {done[key]}")
+    c = configs[run.name]
+    program = run.name if per_run else memory_signature(c)
+    key = (compute.accelerators, compute.num_nodes, program)
+    key_of[run.name] = key
+    if key not in jobs:
+      jobs[key] = (run.name, c.to_dict(), compute.accelerators, compute.num_nodes)
+  results = _run_jobs(jobs, workers or default_workers(len(jobs)))
+  shared = {k: sum(1 for v in key_of.values() if v == k) for k in jobs}
+  for run in runs:
+    key = key_of[run.name]
+    ok, text = results[key]
+    if not ok:  # the first run of a program in the sweep's order: its error names it
+      raise UserError(text)
+    note = f"; one compile for {shared[key]} runs" if shared[key] > 1 else ""
+    log(f"checked: {run.name}: {text}{note}")
+
+
+def _run_jobs(jobs: dict, workers: int) -> dict:
+  """{key: (ok, text)}: in this process for one program or one worker, else in `workers`
+  spawned processes (a forked JAX is unsafe)."""
+  if workers <= 1 or len(jobs) <= 1:
+    return {key: _check(job) for key, job in jobs.items()}
+  ctx = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+    futures = {key: pool.submit(_check, job) for key, job in jobs.items()}
+    return {key: f.result() for key, f in futures.items()}

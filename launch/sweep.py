@@ -33,6 +33,17 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--accelerators", default="", help="sky: e.g. tpu-v5e-16 or H100:8")
   p.add_argument("--use-spot", action="store_true", help="sky: spot/preemptible capacity")
   p.add_argument("--out", default="", help="sky: folder for task YAMLs (runs/launch/<sweep>)")
+  p.add_argument(
+    "--precheck-workers",
+    type=int,
+    default=0,
+    help="sky: processes compiling the precheck's distinct programs (default: one per core)",
+  )
+  p.add_argument(
+    "--precheck-per-run",
+    action="store_true",
+    help="sky: compile every run's program, not one per memory signature (launch/precheck.py)",
+  )
   return p
 
 
@@ -69,7 +80,11 @@ def run_sky(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
   argvs = sky.write(folder, sweep, runs, args.root, args.accelerators, args.use_spot, exe)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the checks compile; no local device needed
   precheck.check_runs(
-    sweep, runs, lambda r: sky.compute_for(sweep, r, args.accelerators, args.use_spot)
+    sweep,
+    runs,
+    lambda r: sky.compute_for(sweep, r, args.accelerators, args.use_spot),
+    workers=args.precheck_workers,
+    per_run=args.precheck_per_run,
   )
   if args.dry_run:
     for task in sky.validate(exe, [a[-1] for a in argvs]):

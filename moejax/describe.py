@@ -7,11 +7,12 @@ sum); `format_worksheet` renders it as text. The trainer stores `to_dict()` unde
 `resolved.worksheet` in config.json and the wandb config.
 
     python -m moejax.describe --config configs/full/mixtral.py [--config.a.b=v] [--json]
-    python -m moejax.describe --config C --topology v5e:4x4     # TPU: compiled, sized
-    python -m moejax.describe --config C --devices 8 --hbm 80   # GPUs: state exact, rest estimated
+    python -m moejax.describe --config C --topology v5e:4x4   # TPU (the tpu extra)
+    python -m moejax.describe --config C --gpu h100:8         # GPUs (the cuda extra)
 
-`--topology` / `--devices` add the fit table (`format_fit`): the train step compiled ahead
-of time for the target by `moejax.aot`, its per-device bytes and whether they fit the HBM.
+`--topology` / `--gpu` add the fit table (`format_fit`): the train step compiled ahead of
+time for the target's compile-only devices by `moejax.aot`, its per-device bytes and whether
+they fit the device's memory, then the compiled step's while loops (`aot.loops`).
 
 Counting convention: every `nnx.Param` leaf is counted once, in exactly one group (an
 unknown path is an error, so nothing goes uncounted). "Active" is what one token reads at
@@ -22,7 +23,6 @@ conventions are reported (see `CONVENTIONS`).
 
 from __future__ import annotations
 
-import math
 import sys
 
 import ml_collections
@@ -47,37 +47,41 @@ def _gib(n: int) -> str:
   return f"{n / 2**10:9.2f} KiB"
 
 
+_COMPILER = {"tpu": "TPU compiler", "cuda": "GPU compiler (XLA:GPU)"}
+
+
 def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
   """Per-device bytes of the compiled train step on a target (a `moejax.aot.Footprint`),
-  and whether they fit its HBM; `grid`: the k-grid forward's bytes on one device."""
+  whether they fit its memory, and the step's while loops; `grid`: the k-grid forward's
+  bytes on one device."""
   t = fp.target
   sizes = sharding.mesh_shape(c.mesh, t.n_devices)
   mesh = ", ".join(f"{a} {n}" for a, n in zip(sharding.AXES, sizes))
-  compiled = t.platform == "tpu" and not fp.refused
-  how = "TPU compiler: memory_analysis()"
+  compiler = _COMPILER[t.platform]
+  how = f"{compiler}: memory_analysis()"
   if fp.refused:
-    how = "TPU compiler's RESOURCE_EXHAUSTED (in 0.01 GiB)"
-  if fp.estimate:
-    share = c.data.batch_size // math.prod(sizes[:2])
-    how = f"ESTIMATE: CPU compile of one device's {share} rows"
+    how = f"{compiler}'s RESOURCE_EXHAUSTED (in 0.01 GiB)"
   rows = [
     ("parameters", fp.params, "exact, from the shardings"),
     ("optimizer state", fp.opt_state, "exact, from the shardings"),
     ("router state", fp.router, "exact, from the shardings"),
     ("batch", fp.batch, "exact, from the shardings"),
-    ("arguments", fp.arguments, "state, batch and rng" + (" (compiler)" if compiled else "")),
+    ("arguments", fp.arguments, "state, batch and rng" + ("" if fp.refused else " (compiler)")),
     ("outputs", fp.outputs - fp.aliased, "beyond those written into donated arguments"),
     ("temporaries", fp.temporaries, how),
-    ("code", fp.code, "generated code" if t.platform == "tpu" else "not counted"),
+    (
+      "code",
+      fp.code,
+      "generated code" + (" (XLA:GPU reports none)" if t.platform == "cuda" else ""),
+    ),
     ("total", fp.total, "arguments + outputs + temporaries + code"),
   ]
   lines = [
-    (
-      f"fit: {t.name} ({t.n_devices} devices, {t.hbm_bytes / 2**30:.2f} GiB usable HBM each: "
-      f"{t.hbm_source})"
-    ),
+    f"fit: {t.name} ({t.n_devices} devices, {t.hbm_bytes / 2**30:.2f} GiB usable each:",
+    f"  {t.hbm_source})",
     f"  train step per device: impl {fp.impl}, mesh {mesh}, grad_accum {c.train.grad_accum},",
-    f"  batch {c.data.batch_size} x {c.data.seq_len} tokens, dtype {c.model.dtype}",
+    f"  batch {c.data.batch_size} x {c.data.seq_len} tokens, dtype {c.model.dtype}, "
+    f"remat {c.model.remat}, attention {c.model.attention}",
   ]
   lines += [f"    {name:<16}{_gib(n)}  {note}" for name, n, note in rows]
   if grid is not None:
@@ -86,24 +90,33 @@ def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
       f"eval.batch_size {c.eval.batch_size}, beside {_gib(grid.argument_size_in_bytes).strip()}"
     )
   verdict = "fits" if fp.fits else "DOES NOT FIT"
-  label = " (estimate)" if fp.estimate else ""
   lines.append(
-    f"  {verdict}{label}: {fp.total / 2**30:.2f} GiB of {t.hbm_bytes / 2**30:.2f} GiB per device"
+    f"  {verdict}: {fp.total / 2**30:.2f} GiB of {t.hbm_bytes / 2**30:.2f} GiB per device"
   )
+  if not fp.refused:
+    lines += aot.format_loops(fp.loops)
+    if t.platform == "cuda":
+      lines.append("  step time: not estimated (XLA:GPU exposes no cost analysis for this compile)")
   return "\n".join(lines)
 
 
-def fit(c: ml_collections.ConfigDict, topology: str, devices: int, hbm_gib: float) -> str:
-  """The fit table of `c` on a TPU topology, or on `devices` GPUs of `hbm_gib` each."""
+def resolve_target(topology: str = "", gpu: str = ""):
+  """The `moejax.aot.Target` of `--topology` or `--gpu` (refused before anything compiles)."""
+  if topology and gpu:
+    raise UserError("--topology and --gpu exclude each other; give one target")
+  return aot.tpu_target(topology) if topology else aot.gpu_target(gpu)
 
-  if topology and devices:
-    raise UserError("--topology and --devices exclude each other; give one target")
-  if devices and not hbm_gib:
-    raise UserError("--devices needs --hbm, the GPU memory in GiB (e.g. --hbm 80)")
-  target = aot.tpu_target(topology) if topology else aot.gpu_target(devices, hbm_gib)
+
+def fit(c: ml_collections.ConfigDict, topology: str = "", gpu: str = "") -> str:
+  """The fit table of `c` on a TPU topology ('v5e:4x4') or on GPU nodes ('h100:8')."""
+  return fit_on(c, resolve_target(topology, gpu))
+
+
+def fit_on(c: ml_collections.ConfigDict, target) -> str:
+  """The fit table of `c` on a `moejax.aot.Target`."""
   fp = aot.footprint(c, target, "--config")
   grid = None
-  if target.platform == "tpu" and c.model.moe_every > 0:
+  if c.model.moe_every > 0:
     grid = _grid_memory(aot, c, target)
   return format_fit(fp, c, grid)
 
@@ -127,10 +140,12 @@ def main(argv: list[str]) -> int:
   topology = flags.DEFINE_string(
     "topology", "", "TPU topology to compile the train step for, e.g. v5e:4x4 (needs libtpu)."
   )
-  devices = flags.DEFINE_integer("devices", 0, "GPUs to size the train step for (with --hbm).")
-  hbm = flags.DEFINE_float("hbm", 0.0, "Memory per GPU in GiB, with --devices (e.g. 80).")
+  gpu = flags.DEFINE_string(
+    "gpu", "", "GPU nodes to compile the train step for, e.g. h100:8 or h100:2x8 (the cuda extra)."
+  )
   cli.parse_flags(argv, config, example="configs/full/mixtral.py")
   config_lib.validate(config.value)
+  where = resolve_target(topology.value, gpu.value) if topology.value or gpu.value else None
   vocab, note = nominal_vocab(config.value)
   ws = worksheet(config.value, vocab)
   if as_json.value:
@@ -141,8 +156,8 @@ def main(argv: list[str]) -> int:
     print(format_worksheet(ws, cli.config_path(argv) or ""))
     if note:
       print(note)
-  if topology.value or devices.value:
-    print(fit(config.value, topology.value, devices.value, hbm.value))
+  if where is not None:
+    print(fit_on(config.value, where))
   return 0
 
 

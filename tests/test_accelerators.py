@@ -1,25 +1,30 @@
-"""Every configs/*.py preset compiles for TPU and lowers for GPU, without a device.
+"""Every configs/*.py preset compiles for TPU and for 8 x H100, without a device.
 
-TPU: the train step moejax.train runs (moejax.aot: the trainer's jitted, guarded step, with
-its shardings on a data × fsdp × expert mesh) is compiled ahead of time for the compile-only
-devices of a small TPU topology, and so is the k-grid's forward. GPU: the same train steps
-and grid forwards are exported for ("cuda",) on an abstract 8-device mesh. A failure names
-the preset, the mode, the impl and the target.
+The train step moejax.train runs (moejax.aot: the trainer's jitted, guarded step, with its
+shardings on a data × fsdp × expert mesh) is compiled ahead of time for the compile-only
+devices of a small TPU topology (libtpu, the `tpu` extra) and of one 8 x H100 node (jax's
+CUDA plugin, the `cuda` extra; `aot.gpu_target("h100:8")`), and so is the k-grid's forward.
+A failure names the preset, the mode, the impl and the target.
 
-The matrix (`cases`): every preset in its own dispatch mode with impl `auto` (the TPU default
-kernel); then, once per distinct expert shape among the presets (`expert_shape`: d_model,
-E, K, d_expert, dtype, group size), every other TPU kernel and the other dispatch mode. A
-kernel only sees those shapes, and the rest of each preset is compiled in its first case,
-so this covers the full cross product (every preset × every kernel × both modes) in 33
-train-step compiles instead of 45; `MOEJAX_AOT_FULL=1` runs the full product. Measured
-here (2 cores shared with other jobs): 73 tests in 480 s wall, 419 s of CPU.
+The matrix (`cases`, `gpu_cases`): every preset in its own dispatch mode with impl `auto`;
+then, once per distinct expert shape among the presets (`expert_shape`: d_model, E, K,
+d_expert, dtype, group size), every other kernel of the platform and the other dispatch
+mode. A kernel only sees those shapes, and the rest of each preset is compiled in its
+first case, so this covers the full cross product; `MOEJAX_AOT_FULL=1` runs the full
+product. The matrix is the full tier (`pytest -m full`); the default tier compiles
+quickstart once for each target and exports it for ("cuda",) (no GPU compiler needed).
+
+The GPU default has no masked-dense expansion (`test_gpu_dropless_default_is_not_dense`):
+its temporaries stay within EXPANSION x those of the `fused` block loop, and `ragged`
+(jax.lax.ragged_dot, densified over every expert by XLA:GPU) exceeds that, so the check
+can fail.
 
 Each preset runs at its own widths, cut to its first MoE layer (its dense layers before it
 kept) and 8-token sequences (128 for splash attention): compile time grows with layers and
-tokens, the checks do not.
-libtpu (the `tpu` extra) is loaded in this process with JAX_PLATFORMS=cpu left set, so the
-host backend stays the CPU's. Without libtpu the TPU tests skip, unless MOEJAX_REQUIRE_TPU
-is set (CI sets it).
+tokens, the checks do not. Both compilers load in this process with JAX_PLATFORMS=cpu left
+set, so the host backend stays the CPU's. Without libtpu the TPU tests skip, unless
+MOEJAX_REQUIRE_TPU is set; without the CUDA plugin the GPU compiles skip, unless
+MOEJAX_REQUIRE_GPU is set (CI sets both).
 """
 
 import glob
@@ -35,7 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGY = "v5e:2x4"  # 8 chips: mesh (data, fsdp, expert) = (2, 2, 2) shards every axis
 MESH = {"data": 2, "fsdp": 2, "expert": 2}
 ROWS = 4  # data × fsdp: one sequence per batch shard
-GPUS = 8
+GPU = "h100:8"  # one node; the (2, 2, 2) mesh as on TPU
 MODES = ("dropless", "capacity")
 FULL = bool(os.environ.get("MOEJAX_AOT_FULL"))
 
@@ -108,9 +113,32 @@ def cases(full: bool = FULL) -> list[tuple[str, str, str]]:
   return out
 
 
-def gpu_cases() -> list[tuple[str, str]]:
-  """(preset, mode): every preset's own mode, and the other mode per expert shape."""
-  return list(dict.fromkeys((p, mode) for p, mode, _ in cases()))
+def gpu_kernels(mode: str) -> tuple[str, ...]:
+  """The kernels that serve `mode` on cuda, other than `auto`'s choice there and the TPU-only
+  ones (`blocked` is `fused` unfused: the same loop)."""
+  auto = dispatch.resolve_impl("auto", mode, "cuda")
+  return tuple(
+    n
+    for n, k in dispatch.KERNELS.items()
+    if mode in k.modes and "cuda" in k.backends and n not in (auto, "blocked")
+  )
+
+
+def gpu_cases(full: bool = FULL) -> list[tuple[str, str, str]]:
+  """(preset, mode, impl): each preset in its own mode with `auto`; per distinct expert
+  shape (or, `full`, per preset) each other cuda kernel of each mode, and the other mode."""
+  out, seen = [], set()
+  for p in presets():
+    c = load(p)
+    native = c.model.moe.dispatch
+    out.append((p, native, "auto"))
+    shape = expert_shape(c)
+    if c.model.moe_every == 0 or (shape in seen and not full):
+      continue
+    seen.add(shape)
+    out += [(p, mode, "auto") for mode in MODES if mode != native]
+    out += [(p, mode, k) for mode in MODES for k in gpu_kernels(mode)]
+  return out
 
 
 def _id(case) -> str:
@@ -125,14 +153,21 @@ def tpu() -> aot.Target:
   return aot.tpu_target(TOPOLOGY)
 
 
+@pytest.fixture(scope="module")
+def gpu() -> aot.Target:
+  if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
+    pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
+  return aot.gpu_target(GPU)
+
+
 def test_the_matrix_covers_every_preset_kernel_and_mode():
   names = presets()
   assert "configs/quickstart.py" in names
   assert {"configs/study_calibration.py:cpu", "configs/study_calibration.py:tpu"} <= set(names)
   assert "configs/study_calibration.py" not in names
   assert tpu_kernels() and all(k in dispatch.IMPLS for k in tpu_kernels())
-  run = cases(full=False)
-  assert {p for p, _, _ in run} == set(names)
+  run, on_gpu = cases(full=False), gpu_cases(full=False)
+  assert {p for p, _, _ in run} == set(names) == {p for p, _, _ in on_gpu}
   for p in names:  # every (shape, kernel, mode) of the full product has a case here
     shape = expert_shape(load(p))
     same = {q for q in names if expert_shape(load(q)) == shape}
@@ -141,36 +176,95 @@ def test_the_matrix_covers_every_preset_kernel_and_mode():
     }
     assert {("dropless", k) for k in tpu_kernels()} <= have, p
     assert ("capacity", "auto") in have, p
+    if load(p).model.moe_every == 0:
+      continue
+    gpu_have = {(m, dispatch.resolve_impl(i, m, "cuda")) for q, m, i in on_gpu if q in same}
+    for mode in MODES:
+      want = {(mode, k) for k in (*gpu_kernels(mode), dispatch.resolve_impl("auto", mode, "cuda"))}
+      assert want <= gpu_have, (p, mode, want - gpu_have)
 
 
-@pytest.mark.parametrize("case", cases(), ids=_id)
-def test_train_step_compiles_for_tpu(tpu, case):
+def _compile(target: aot.Target, case) -> aot.Footprint:
   preset, mode, impl = case
   try:
-    fp = aot.footprint(tiny(preset, mode, impl), tpu, preset)
+    return aot.footprint(tiny(preset, mode, impl), target, preset)
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
-    pytest.fail(f"{preset} {mode} impl={impl} on {TOPOLOGY}: {e}")
-  assert fp.fits and fp.params > 0 and fp.temporaries >= 0, (preset, mode, impl, fp)
+    pytest.fail(f"{preset} {mode} impl={impl} on {target.name}: {e}")
 
 
+QUICKSTART = ("configs/quickstart.py", load("configs/quickstart.py").model.moe.dispatch, "auto")
+
+
+def test_quickstart_compiles_for_tpu(tpu):
+  fp = _compile(tpu, QUICKSTART)
+  assert fp.fits and fp.params > 0 and fp.temporaries >= 0, fp
+
+
+def test_quickstart_exports_and_compiles_for_h100(gpu):
+  c = tiny(*QUICKSTART)
+  exported = aot.export_gpu(c, gpu.n_devices)  # the lowering, as on a host without the plugin
+  assert exported.platforms == ("cuda",) and exported.nr_devices == gpu.n_devices
+  fp = _compile(gpu, QUICKSTART)
+  assert fp.fits and fp.params > 0 and fp.temporaries > 0, fp
+
+
+def test_quickstart_exports_for_cuda_without_a_gpu_compiler():
+  exported = aot.export_gpu(tiny(*QUICKSTART), 8)
+  assert exported.platforms == ("cuda",) and exported.nr_devices == 8
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("case", cases(), ids=_id)
+def test_train_step_compiles_for_tpu(tpu, case):
+  fp = _compile(tpu, case)
+  assert fp.fits and fp.params > 0 and fp.temporaries >= 0, (case, fp)
+
+
+@pytest.mark.full
 @pytest.mark.parametrize("preset", presets(), ids=_id)
 def test_grid_forward_compiles_for_tpu(tpu, preset):
+  _grid(tpu, preset)
+
+
+def _grid(target, preset):
   mode = load(preset).model.moe.dispatch
   try:
-    compiled = aot.grid_forward(tiny(preset, mode, "auto"), tpu)
+    compiled = aot.grid_forward(tiny(preset, mode, "auto"), target)
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
-    pytest.fail(f"{preset} grid forward ({mode}, impl auto) on {TOPOLOGY}: {e}")
+    pytest.fail(f"{preset} grid forward ({mode}, impl auto) on {target.name}: {e}")
   assert compiled.memory_analysis().argument_size_in_bytes > 0
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("case", gpu_cases(), ids=_id)
-def test_train_step_and_grid_export_for_cuda(case):
-  preset, mode = case
-  c = tiny(preset, mode, "auto")
-  try:
-    exported = aot.export_gpu(c, GPUS)
-    grid = aot.grid_forward(c, aot.gpu_target(GPUS, 80))
-  except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
-    pytest.fail(f"{preset} {mode} impl=auto for cuda on {GPUS} devices: {e}")
-  assert exported.platforms == ("cuda",) and exported.nr_devices == GPUS
-  assert grid.platforms == ("cuda",)
+def test_train_step_compiles_for_h100(gpu, case):
+  fp = _compile(gpu, case)
+  assert fp.fits and fp.params > 0 and fp.temporaries > 0, (case, fp)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("preset", presets(), ids=_id)
+def test_grid_forward_compiles_for_h100(gpu, preset):
+  _grid(gpu, preset)
+
+
+# The expansion check's program: one MoE layer of the study's CPU preset (E = 64, K = 8,
+# d_expert 32) with 8 x 512 tokens on the (2, 2, 2) mesh, so 1024 tokens per device.
+EXPANSION = 4  # the dropless default's temporaries stay within 4x fused's
+EXPANSION_PRESET = "configs/study_calibration.py:cpu"
+
+
+def _expansion_case(impl: str):
+  c = tiny(EXPANSION_PRESET, "dropless", impl)
+  c.model.n_layers = 1
+  c.data.update(batch_size=8, seq_len=512)
+  return c
+
+
+@pytest.mark.full
+def test_gpu_dropless_default_is_not_dense(gpu):
+  temps = {}
+  for impl in ("fused", "auto", "ragged"):
+    temps[impl] = aot.footprint(_expansion_case(impl), gpu, impl).temporaries
+  assert temps["auto"] <= EXPANSION * temps["fused"], temps
+  assert temps["ragged"] > EXPANSION * temps["fused"], temps  # the check can fail

@@ -1,5 +1,7 @@
-"""`describe --topology / --devices`: per-device bytes of the compiled train step (moejax.aot),
-checked against hand counts of the state, and the fit verdict on both sides of the HBM."""
+"""`describe --topology / --gpu`: per-device bytes of the compiled train step (moejax.aot),
+checked against hand counts of the state, and the fit verdict on both sides of the memory.
+The GPU tests need jax's CUDA plugin (the `cuda` extra): they skip without it unless
+MOEJAX_REQUIRE_GPU is set (CI sets it), as the TPU ones do for libtpu and MOEJAX_REQUIRE_TPU."""
 
 from __future__ import annotations
 
@@ -35,30 +37,56 @@ EXPERTS = 3 * E * D * DE
 OTHERS = V * D + (D * H * HD + 2 * D * HD + H * HD * D) + 3 * D + D * E
 
 
+def abstract_gpus(n: int = 8) -> aot.Target:
+  """N GPUs without devices: the state's shardings on an AbstractMesh, nothing compiled."""
+  return aot.Target(f"{n} x cuda", "cuda", (), n, 0, "")
+
+
+def state_bytes(c) -> dict:
+  state = aot.abstract_run(c, abstract_gpus()).run.state
+  return {k: aot.device_bytes(state[k]) for k in ("params", "opt_state", "router")}
+
+
 def test_state_bytes_replicated_match_a_hand_count():
-  fp = aot.size_gpu(small(), aot.gpu_target(8, 80))  # data 8: every leaf whole on a device
-  assert fp.params == 4 * (OTHERS + EXPERTS)
+  b = state_bytes(small())  # data 8: every leaf whole on a device
+  assert b["params"] == 4 * (OTHERS + EXPERTS)
   # AdamW's two moments per parameter, plus int32 step counters
-  assert 0 <= fp.opt_state - 2 * fp.params <= 64 and (fp.opt_state - 2 * fp.params) % 4 == 0
-  assert fp.router == 4 * E  # one float32 selection bias per expert of the one MoE layer
-  assert fp.batch == 4 * (8 // 8) * (16 + 1)  # int32 [B/8, L+1]
-  assert fp.estimate and fp.fits and fp.impl == "fused"
+  extra = b["opt_state"] - 2 * b["params"]
+  assert 0 <= extra <= 64 and extra % 4 == 0
+  assert b["router"] == 4 * E  # one float32 selection bias per expert of the one MoE layer
 
 
 def test_state_bytes_with_experts_split_over_the_expert_axis():
-  fp = aot.size_gpu(small(data=1, expert=8), aot.gpu_target(8, 80))
-  assert fp.params == 4 * (OTHERS + EXPERTS // 8)  # E = 8 over expert = 8; the rest whole
-  assert fp.batch == 4 * 8 * 17  # data × fsdp = 1: the whole batch on every device
+  b = state_bytes(small(data=1, expert=8))
+  assert b["params"] == 4 * (OTHERS + EXPERTS // 8)  # E = 8 over expert = 8; the rest whole
 
 
-def test_gpu_fit_table_is_labelled_an_estimate_and_fails_a_tiny_hbm():
+@pytest.fixture(scope="module")
+def h100():
+  if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
+    pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
+  return aot.gpu_target("h100:8")
+
+
+def test_gpu_target_memory_is_the_protos_times_jax_pool(h100):
+  assert h100.n_devices == 8 and h100.devices[0].device_kind == "NVIDIA H100 80GB HBM3"
+  assert h100.hbm_bytes == int(84942979072 * 0.75)  # device_memory_size x JAX's default pool
+  two = aot.gpu_target("h100:2x8")
+  assert two.n_devices == 16 and {d.process_index for d in two.devices} == {0, 1}
+
+
+def test_gpu_fit_is_the_compilers_and_fails_a_tiny_memory(h100):
   c = small()
-  text = describe.format_fit(aot.size_gpu(c, aot.gpu_target(8, 80)), c)
-  assert "ESTIMATE: CPU compile of one device's 1 rows" in text
-  assert "fits (estimate)" in text and "80.00 GiB usable HBM" in text
-  assert all(len(line) <= 100 for line in text.splitlines())
-  tiny_hbm = aot.size_gpu(c, aot.gpu_target(8, 1e-4))  # 107 KB: below the parameters alone
-  assert not tiny_hbm.fits and "DOES NOT FIT" in describe.format_fit(tiny_hbm, c)
+  fp = aot.footprint(c, h100)
+  assert fp.params == 4 * (OTHERS + EXPERTS) and fp.batch == 4 * (8 // 8) * (16 + 1)
+  assert fp.arguments >= fp.params + fp.opt_state + fp.router and fp.temporaries > 0
+  assert fp.fits and not fp.refused and fp.loops  # the fused block loop at least
+  text = describe.format_fit(fp, c)
+  assert "GPU compiler (XLA:GPU): memory_analysis()" in text and "\n  fits: " in text
+  assert "while loops:" in text and "step time: not estimated" in text
+  assert all(len(line) <= 100 for line in text.splitlines()), text
+  tiny = fp._replace(target=h100._replace(hbm_bytes=fp.params))  # below the whole step
+  assert not tiny.fits and "DOES NOT FIT" in describe.format_fit(tiny, c)
 
 
 def test_oom_message_and_accelerator_names_parse_by_hand():
@@ -66,8 +94,8 @@ def test_oom_message_and_accelerator_names_parse_by_hand():
     "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
     "temporaries (205.12G) exceeds available HBM (15.75G)."
   )
-  assert aot._parse_oom(msg) == (int(205.12 * 2**30), int(15.75 * 2**30))
-  assert aot._parse_oom("INVALID_ARGUMENT: something else") is None
+  assert aot.parse_oom(msg) == (int(205.12 * 2**30), int(15.75 * 2**30))
+  assert aot.parse_oom("INVALID_ARGUMENT: something else") is None
   expected = {
     "tpu-v5e-16": "v5e:4x4",
     "tpu-v5litepod-8": "v5e:2x4",
@@ -81,6 +109,14 @@ def test_oom_message_and_accelerator_names_parse_by_hand():
   assert {k: aot.topology_of_accelerator(k) for k in expected} == expected
   with pytest.raises(UserError, match="not allowed"):
     aot.tpu_devices("v9:2x2")
+  gpus = {("H100:8", 1): "h100:8", ("H100:8", 2): "h100:2x8", ("A100-80GB:8", 1): "a100:8",
+          ("H200:8", 4): "h200:4x8", ("B200", 1): "b200:1", ("A100:8", 1): None,
+          ("L4:1", 1): None}  # fmt: skip
+  assert {k: aot.gpu_of_accelerator(*k) for k in gpus} == gpus
+  assert aot.parse_gpu("h100:2x8") == ("h100", 2, 8) and aot.parse_gpu("B200:8") == ("b200", 1, 8)
+  for bad in ("h900:8", "h100", "h100:0", "h100:2x", "h100:0x8"):
+    with pytest.raises(UserError, match=f"--gpu {bad} is not allowed"):
+      aot.parse_gpu(bad)
 
 
 def _describe(*args):
@@ -91,13 +127,21 @@ def _describe(*args):
 
 
 def test_cli_gpu_target_and_bad_flags_are_one_line():
-  out = _describe("--config.model.n_layers=1", "--devices", "8", "--hbm", "80")
-  assert out.returncode == 0, out.stderr
-  assert "fit: 8 x cuda (8 devices, 80.00 GiB" in out.stdout and "ESTIMATE" in out.stdout
+  out = _describe("--config.model.n_layers=1", "--gpu", "h100:8")
+  if aot.cuda_available() or os.environ.get("MOEJAX_REQUIRE_GPU"):
+    assert out.returncode == 0, out.stderr
+    assert "fit: h100:8 (8 devices, 59.33 GiB usable each:" in out.stdout
+    assert "GPU compiler (XLA:GPU): memory_analysis()" in out.stdout
+  else:  # refused before the worksheet: exactly how to install the compiler
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    want = (
+      'error: --gpu h100:8 needs the GPU compiler (jax\'s CUDA plugin): pip install -e ".[cuda]"'
+    )
+    assert out.stderr.strip() == want
   for args, text in (
-    (("--devices", "8"), "--devices needs --hbm"),
+    (("--gpu", "h100"), "--gpu h100 is not allowed"),
     (("--topology", "v9:1x1"), "--topology v9:1x1 is not allowed"),
-    (("--topology", "v5e:2x2", "--devices", "8", "--hbm", "80"), "exclude each other"),
+    (("--topology", "v5e:2x2", "--gpu", "h100:8"), "exclude each other"),
   ):
     bad = _describe(*args)
     assert bad.returncode == 2 and bad.stderr.startswith("error: "), (args, bad.stderr)
@@ -119,7 +163,7 @@ def test_tpu_target_reads_the_usable_hbm_from_the_compiler(v5e):
 def test_tpu_fit_both_sides_of_the_hbm(v5e):
   c = small(data=4)
   c.model.moe.impl = "ragged"
-  fp = aot.compile_tpu(c, v5e)
+  fp = aot.footprint(c, v5e)
   assert fp.params == 4 * (OTHERS + EXPERTS) and fp.router == 4 * E  # replicated, data 4
   assert fp.fits and not fp.refused and fp.arguments >= fp.params + fp.opt_state + fp.router
   text = describe.format_fit(fp, c)
@@ -127,7 +171,7 @@ def test_tpu_fit_both_sides_of_the_hbm(v5e):
   # 1 sequence of 32768 tokens per chip: attention keeps 2 heads × 32768² float32
   # probabilities (8 GiB) and more for the backward pass, past 15.75 GiB
   c.data.update(batch_size=4, seq_len=32768)
-  big = aot.compile_tpu(c, v5e)
+  big = aot.footprint(c, v5e)
   assert big.refused and not big.fits and big.temporaries > v5e.hbm_bytes
   assert "DOES NOT FIT" in describe.format_fit(big, c) and "RESOURCE_EXHAUSTED" in (
     describe.format_fit(big, c)

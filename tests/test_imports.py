@@ -38,8 +38,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/kgrid/report.py", "from matplotlib.figure import Figure"): "matplotlib",
   ("moejax/kgrid/report.py", "from matplotlib.patches import Rectangle"): "matplotlib",
   ("moejax/distributed.py", "from jax._src import clusters"): "private JAX API, best effort",
-  ("moejax/aot.py", "import libtpu"): "optional: the tpu extra (probes whether it is there)",
-  ("moejax/aot.py", "from jax.experimental import topologies"): "TPU topologies, AOT only",
   # to hoist (files other work is editing; no cycle behind them today)
   ("moejax/training/trainer.py", "from tqdm import tqdm"): "to hoist",
   ("moejax/describe.py", "from absl import flags"): "CLI main: to review",

@@ -213,6 +213,7 @@ def get_sweep():
     run("bad", "gpu", {{"model.nope": 1}}),
     run("nodata", "tpu", {{"data.corpus": "files", "data.paths": "gs://YOUR_BUCKET/c/*.jsonl"}}),
     run("huge", "tpu", {{"data.seq_len": 32768, "model.moe.impl": "ragged"}}),
+    run("gpuhuge", "gpu", {{"data.seq_len": 32768}}),
   ], compute={{"tpu": {{"accelerators": "tpu-v5e-16", "use_spot": True}},
               "gpu": {{"accelerators": "H100:8", "num_nodes": 2}}}})
 """  # batch 16: one row per device of the 16-chip slice and of the 16 GPUs
@@ -244,6 +245,12 @@ def _libtpu() -> bool:
   return aot.libtpu_available() or bool(os.environ.get("MOEJAX_REQUIRE_TPU"))
 
 
+def _cuda() -> bool:
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+
+  return aot.cuda_available() or bool(os.environ.get("MOEJAX_REQUIRE_GPU"))
+
+
 def test_sky_dry_run_yaml_passes_skypilots_parser(sky_mini, tmp_path):
   if not _sky_available():
     pytest.skip("no SkyPilot env (.sky-venv); .ci/run builds it")
@@ -255,7 +262,10 @@ def test_sky_dry_run_yaml_passes_skypilots_parser(sky_mini, tmp_path):
   assert len(re.findall(r"^valid: .*\.yaml", out.stdout, re.MULTILINE)) == 3
   assert "tpu-v5e-16" in out.stdout and "Spot" in out.stdout
   checked = dict(re.findall(r"^checked: ([\w-]+): (.*)$", out.stdout, re.MULTILINE))
-  assert checked["gpu"].startswith("lowers for cuda on 16 GPUs")
+  if _cuda():  # compiled for 2 nodes of 8 compile-only H100s
+    assert checked["gpu"].startswith("fits h100:2x8: "), checked["gpu"]
+  else:
+    assert checked["gpu"].startswith("lowers for cuda on 16 GPUs; memory not checked: no GPU")
   if _libtpu():  # the two seeds are one program, compiled once for the v5e-16 slice
     assert checked["tpu-0"].startswith("fits v5e:4x4: ") and checked["tpu-1"] == checked["tpu-0"]
   for run in s.runs[:3]:
@@ -329,3 +339,88 @@ def test_sky_launch_submits_every_run_to_the_sky_on_path(sky_mini, tmp_path):
   ]
   assert all(c[1] == "k123" and c[0][6:8] == ["--secret", "WANDB_API_KEY"] for c in calls)
   assert yaml.safe_load(_read(calls[1][0][-1]))["resources"]["use_spot"] is True  # --use-spot
+
+
+def _config(**overrides):
+  from moejax import cli  # pylint: disable=import-outside-toplevel
+
+  c = cli.load_file(os.path.join(REPO, "configs", "quickstart.py"))
+  for key, value in overrides.items():
+    *path, last = key.split(".")
+    node = c
+    for part in path:
+      node = node[part]
+    node[last] = value
+  return c
+
+
+def test_memory_signature_ignores_values_and_rule_math_but_not_shapes():
+  from launch import precheck  # pylint: disable=import-outside-toplevel
+
+  base = precheck.memory_signature(_config())
+  same = (  # values, and the rule's coefficient math on the same [tokens, E] buffers
+    {"train.seed": 3, "wandb.tags": "x", "optim.lr": 0.1, "train.steps": 9},
+    {"model.moe.rule": "olmoe"},  # no renormalization
+    {"model.moe.score": "sigmoid", "model.moe.scale": 2.0},
+    {"data.paths": "gs://b/other/*.jsonl", "model.moe.expert_init_std": 0.5},
+  )
+  for overrides in same:
+    assert precheck.memory_signature(_config(**overrides)) == base, overrides
+  differ = (  # shapes, the rule's structure, what the step runs
+    {"model.moe.d_shared": 64},  # a shared expert
+    {"model.moe.rule": "deepseek_v3"},  # a selection bias (router state) and groups
+    {"model.moe.top_k": 1},
+    {"data.batch_size": 32},
+    {"model.remat": "full"},
+    {"model.moe.impl": "ragged"},
+    {"model.dtype": "bfloat16"},
+  )
+  for overrides in differ:
+    assert precheck.memory_signature(_config(**overrides)) != base, overrides
+
+
+def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
+  from launch import precheck  # pylint: disable=import-outside-toplevel
+
+  calls = []
+
+  def fake_fit(label, c, accelerators, num_nodes):
+    calls.append(label)
+    if c.data.batch_size == 64:
+      raise UserError(f"run {label}: the train step needs 99.00 GiB")
+    return f"fits {accelerators}"
+
+  monkeypatch.setattr(precheck, "check_fit", fake_fit)
+  runs = [
+    spec.RunSpec("a0", "configs/quickstart.py", {"train.seed": 0}, {}, compute="x"),
+    spec.RunSpec("a1", "configs/quickstart.py", {"train.seed": 1}, {}, compute="x"),
+    spec.RunSpec("b", "configs/quickstart.py", {"model.moe.top_k": 1}, {}, compute="x"),
+  ]
+  sweep = spec.Sweep("s", runs, compute={"x": {"accelerators": "H100:8"}})
+  compute = lambda r: sky.compute_for(sweep, r, "", False)  # noqa: E731
+  lines = []
+  precheck.check_runs(sweep, runs, compute, lines.append, workers=1)
+  assert calls == ["a0", "b"]  # a1 is a0's program
+  assert lines[:2] == [f"checked: a{i}: fits H100:8; one compile for 2 runs" for i in (0, 1)]
+  calls.clear()
+  precheck.check_runs(sweep, runs, compute, lines.append, workers=1, per_run=True)
+  assert calls == ["a0", "a1", "b"]
+  big = [
+    *runs,
+    spec.RunSpec("big", "configs/quickstart.py", {"data.batch_size": 64}, {}, compute="x"),
+  ]
+  with pytest.raises(UserError, match="^run big: the train step needs 99.00 GiB$"):
+    precheck.check_runs(spec.Sweep("s", big, sweep.compute), big, compute, lines.append, workers=1)
+
+
+def test_sky_refuses_a_gpu_run_that_does_not_fit(sky_mini, tmp_path):
+  """32768-token sequences with XLA attention: the L x L scores per device, over 59.33 GiB."""
+  if not _cuda():
+    pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
+  env = _fake_sky(tmp_path, tmp_path / "calls.jsonl")
+  out = _launch(sky_mini, "--backend", "sky", "--dry-run", "--root", "gs://bkt/runs",
+                "--out", str(tmp_path), "--only", "gpuhuge", env=env)  # fmt: skip
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.startswith("error: run gpuhuge: the train step needs "), out.stderr
+  assert "on H100:8 (h100:2x8; temporaries" in out.stderr and "over the 59.33 GiB" in out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,272 @@
+"""The while loops of a compiled program, read from its optimized HLO text (`as_text()`).
+
+A `while` that XLA could not unroll runs its body once per trip, each op in it a kernel of
+its own: on a GPU, several launches of a few microseconds per iteration. XLA writes
+`"known_trip_count":{"n":"N"}` in a while's backend config when the count is a compile-time
+constant; without it the count is read from the data at run time. In moejax's dispatch the
+data-dependent loops are the block loops (`kernels/grouped.py`: `fori_loop(0, n_used)` over
+the used blocks of a plan), whose trips grow with the rows per device (T·K / block + E at
+most), so `Loop.grows` is "the trip count is not a constant". Fixed loops (a searchsorted's
+bisection, the micro-batch scan, an RNG's rounds) keep their count whatever the batch.
+
+Each loop's body is summarized by what runs per iteration: matmuls (dots, GEMM fusions and
+library GEMM calls), collectives, custom calls by target (Pallas/Mosaic/Triton kernels,
+cuBLAS, cuDNN) and the other fusions; nested loops are loops of their own.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from typing import NamedTuple
+
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
+_OPCODE = re.compile(r"(?:^|[\s)}\]])([a-z][a-z0-9\-]*)\(")
+_CALLS = re.compile(r"\b(?:calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
+_CALL_SETS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_COND = re.compile(r"\bcondition=%?([\w.\-]+)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_KIND = re.compile(r'"kind":"([^"]+)"')
+COLLECTIVES = (
+  "all-reduce",
+  "all-reduce-start",
+  "all-gather",
+  "all-gather-start",
+  "reduce-scatter",
+  "all-to-all",
+  "collective-permute",
+  "collective-permute-start",
+  "ragged-all-to-all",
+)
+FREE = (  # ops that launch nothing: views, tuples, control
+  "parameter",
+  "constant",
+  "get-tuple-element",
+  "tuple",
+  "bitcast",
+  "while",
+  "conditional",
+  "call",
+  "partition-id",
+  "replica-id",
+  "after-all",
+  "all-reduce-done",
+  "all-gather-done",
+  "collective-permute-done",
+  "copy-start",
+  "copy-done",
+  "opt-barrier",
+  "get-dimension-size",
+)
+
+
+class Body(NamedTuple):
+  """What one iteration runs (summed over the computations it calls, nested loops aside)."""
+
+  kernels: int  # ops that launch work: fusions, custom calls, collectives, the rest
+  matmuls: int  # dots / convolutions, GEMM fusions, library GEMM calls
+  collectives: int
+  custom: tuple[tuple[str, int], ...]  # (custom-call target, count), sorted
+
+  def text(self) -> str:
+    parts = [f"{self.kernels} kernels", f"{self.matmuls} matmuls"]
+    if self.collectives:
+      parts.append(f"{self.collectives} collectives")
+    parts += [f"{n} x {t}" for t, n in self.custom]
+    return ", ".join(parts)
+
+
+class Loop(NamedTuple):
+  name: str  # the while instruction
+  trip: int | None  # known_trip_count; None: read from the data at run time
+  depth: int  # 0: outside every loop
+  source: str  # the JAX op that made it (op_name, shortened)
+  body: Body
+
+  @property
+  def grows(self) -> bool:
+    """Its trip count is not a compile-time constant: in moejax's dispatch, a block loop."""
+    return self.trip is None
+
+
+class _Instr(NamedTuple):
+  name: str
+  opcode: str
+  line: str
+
+
+def _computations(hlo: str) -> dict[str, list[_Instr]]:
+  comps: dict[str, list[_Instr]] = {}
+  current = None
+  for line in hlo.splitlines():
+    if current is None:
+      m = _HEADER.match(line)
+      if m:
+        current = comps.setdefault(m.group(1), [])
+      continue
+    if line.startswith("}"):
+      current = None
+      continue
+    m = _INSTR.match(line)
+    if m:
+      op = _OPCODE.search(m.group(2))
+      current.append(_Instr(m.group(1), op.group(1) if op else "", line))
+  return comps
+
+
+def _callees(instr: _Instr) -> list[str]:
+  out = _CALLS.findall(instr.line)
+  for group in _CALL_SETS.findall(instr.line):
+    out += [s.strip().lstrip("%") for s in group.split(",") if s.strip()]
+  return out
+
+
+def _is_matmul(instr: _Instr, comps) -> bool:
+  if instr.opcode in ("dot", "convolution"):
+    return True
+  if instr.opcode == "custom-call":
+    target = _TARGET.search(instr.line)
+    return bool(target and re.search(r"gemm|matmul|cublas", target.group(1), re.IGNORECASE))
+  if instr.opcode == "fusion":
+    kind = _KIND.search(instr.line)
+    if kind and "gemm" in kind.group(1):
+      return True
+    return any(
+      i.opcode in ("dot", "convolution") for c in _callees(instr) for i in comps.get(c, [])
+    )
+  return False
+
+
+def _body(name: str, comps) -> Body:
+  """Counts over `name` and the computations it calls (not into nested while loops, nor
+  into a fusion's own computation beyond finding a dot in it)."""
+  kernels = matmuls = collectives = 0
+  custom: collections.Counter = collections.Counter()
+  stack, seen = [name], set()
+  while stack:
+    comp = stack.pop()
+    if comp in seen or comp not in comps:
+      continue
+    seen.add(comp)
+    for instr in comps[comp]:
+      if instr.opcode in ("conditional", "call"):
+        stack += _callees(instr)
+      if instr.opcode in FREE:
+        continue
+      kernels += 1
+      matmuls += _is_matmul(instr, comps)
+      collectives += instr.opcode in COLLECTIVES
+      if instr.opcode == "custom-call":
+        target = _TARGET.search(instr.line)
+        custom[target.group(1) if target else "?"] += 1
+  return Body(kernels, matmuls, collectives, tuple(sorted(custom.items())))
+
+
+_FRAME_ID = re.compile(r"\bstack_frame_id=(\d+)")
+_TABLE_ROW = re.compile(r'^(\d+) (?:"(.*)"|\{(.*)\})$')
+
+
+def _tables(hlo: str) -> dict[str, dict[int, object]]:
+  """The module's FileNames, FunctionNames, FileLocations and StackFrames tables."""
+  tables: dict[str, dict[int, object]] = {}
+  current = None
+  for line in hlo.splitlines():
+    if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+      current = tables.setdefault(line, {})
+      continue
+    m = _TABLE_ROW.match(line) if current is not None else None
+    if not m:
+      current = None if current is not None and not line.strip() else current
+      continue
+    fields = (
+      m.group(2) if m.group(2) is not None else dict(kv.split("=") for kv in m.group(3).split())
+    )
+    current[int(m.group(1))] = fields
+  return tables
+
+
+def _source(line: str, tables) -> str:
+  """Where in moejax the while was written: the innermost moejax frame of its stack
+  ('kernels/grouped.py:72 run'), 'fwd'/'bwd' by a transpose in its op path."""
+  m = _OP_NAME.search(line)
+  side = "bwd" if m and "transpose(" in m.group(1) else "fwd"
+  frame = _FRAME_ID.search(line)
+  frame_id = int(frame.group(1)) if frame else 0
+  frames, locations = tables.get("StackFrames", {}), tables.get("FileLocations", {})
+  files, functions = tables.get("FileNames", {}), tables.get("FunctionNames", {})
+  for _ in range(64):  # the parent chain; a parent id is printed one above its frame's
+    if frame_id not in frames:
+      break
+    loc = locations.get(int(frames[frame_id]["file_location_id"]), {})
+    path = files.get(int(loc.get("file_name_id", 0)), "")
+    if "/moejax/" in path and "site-packages" not in path:
+      fn = functions.get(int(loc.get("function_name_id", 0)), "")
+      fn = fn.replace(".<locals>.", ".")
+      return f"{side} {path.split('/moejax/')[-1]}:{loc.get('line')} {fn}"
+    frame_id = int(frames[frame_id]["parent_frame_id"]) - 1
+  return f"{side} {m.group(1)[-60:] if m else 'while'}"
+
+
+def report_text(hlo: str) -> tuple[Loop, ...]:
+  """Every while loop of an optimized HLO module's text, outermost first."""
+  comps = _computations(hlo)
+  tables = _tables(hlo)
+  entry = next((m.group(1) for m in map(_HEADER.match, hlo.splitlines())
+                if m and m.string.startswith("ENTRY")), None)  # fmt: skip
+  out: list[Loop] = []
+  stack = [(entry, 0)] if entry else [(c, 0) for c in comps]
+  seen = set()
+  while stack:
+    comp, depth = stack.pop(0)
+    if comp in seen or comp not in comps:
+      continue
+    seen.add(comp)
+    for instr in comps[comp]:
+      if instr.opcode == "while":
+        body = _BODY.search(instr.line)
+        trip = _TRIP.search(instr.line)
+        name = body.group(1) if body else ""
+        out.append(
+          Loop(
+            instr.name,
+            int(trip.group(1)) if trip else None,
+            depth,
+            _source(instr.line, tables),
+            _body(name, comps),
+          )
+        )
+        stack.append((name, depth + 1))
+        cond = _COND.search(instr.line)
+        seen.add(cond.group(1) if cond else "")
+      elif instr.opcode in ("conditional", "call"):
+        stack += [(c, depth) for c in _callees(instr)]
+  return tuple(out)
+
+
+def report(compiled) -> tuple[Loop, ...]:
+  """The while loops of a `jax.stages.Compiled` (its optimized HLO text)."""
+  return report_text(compiled.as_text())
+
+
+def format_loops(loops: tuple[Loop, ...], indent: str = "  ") -> list[str]:
+  """Lines: the count, then the loops grouped by (grows, trip, source, body), largest first."""
+  if not loops:
+    return [f"{indent}while loops: none in the compiled program"]
+  grows = [lp for lp in loops if lp.grows]
+  lines = [
+    f"{indent}while loops: {len(loops)} in the compiled step; {len(grows)} with trips read from "
+    f"the data (grow with rows), {len(loops) - len(grows)} fixed"
+  ]
+  groups = collections.Counter((lp.grows, lp.trip, lp.depth, lp.source, lp.body) for lp in loops)
+  for (grow, trip, depth, source, body), n in sorted(
+    groups.items(), key=lambda kv: (not kv[0][0], -kv[1], kv[0][3])
+  ):
+    trips = "trips: data" if grow else f"trips: {trip}"
+    nest = f", nested {depth}" if depth else ""
+    lines.append(f"{indent}  {n:4d} x [{trips}{nest}] {source}")
+    lines.append(f"{indent}         per trip: {body.text()}")
+  return lines

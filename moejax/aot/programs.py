@@ -1,0 +1,171 @@
+"""The trainer's step and the k-grid's forward, built from a config alone and compiled for a
+target's compile-only devices.
+
+No data is read: the vocabulary is the config's nominal one (`worksheet.nominal_vocab`) and
+params, optimizer state, router state and the batch are `jax.ShapeDtypeStruct`s carrying the
+trainer's shardings on a data × fsdp × expert mesh of the target's devices. The function
+compiled is the one `moejax.train` runs (`trainer.compile_steps`: the guarded
+`step.make_train_step`, jitted with donation and the state's out-shardings), and the
+k-grid's forward is `kgrid.forward.CellForward`'s. MaxText's `train_compile.py` is the
+anchor for this path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import build, sharding
+from moejax import config as config_lib
+from moejax.aot import loops, memory
+from moejax.aot.targets import Target
+from moejax.errors import UserError
+from moejax.kernels import dispatch
+from moejax.kgrid.forward import CellForward
+from moejax.sizing import worksheet
+from moejax.training import optim, trainer
+from moejax.training import step as step_lib
+
+
+class Abstract(NamedTuple):
+  """A `trainer.Run` whose state is abstract, plus the train step's other arguments."""
+
+  run: trainer.Run
+  tokens: jax.ShapeDtypeStruct  # int32 [batch, seq_len + 1], batch-sharded
+  rng: jax.ShapeDtypeStruct  # replicated key
+
+
+class _Tokenizer(NamedTuple):
+  vocab_size: int
+
+
+class NominalData(NamedTuple):
+  """Stands in for `data.Data` in an abstract Run: only the vocabulary is read."""
+
+  tokenizer: _Tokenizer
+
+
+def target_mesh(c: ml_collections.ConfigDict, target: Target):
+  """The trainer's data × fsdp × expert mesh over the target's devices (an AbstractMesh
+  for a target without devices: `export_gpu`)."""
+  if target.devices:
+    return sharding.make_mesh(c.mesh, target.devices)
+  return AbstractMesh(sharding.mesh_shape(c.mesh, target.n_devices), sharding.AXES)
+
+
+def _with_shardings(tree, shardings):
+  return jax.tree.map(
+    lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), tree, shardings
+  )
+
+
+def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
+  """The trainer's Run on `target`, built from the config alone (trainer.build's state)."""
+  config_lib.validate(c)
+  mesh = trainer.check_config(c, target_mesh(c, target))
+  vocab, _ = worksheet.nominal_vocab(c)
+  graphdef, params, router = step_lib.split_model(build.abstract_model(c, vocab))
+  tx, schedule = optim.optimizer(c)
+  state = {
+    "step": jax.ShapeDtypeStruct((), jnp.int32),
+    "params": params,
+    "router": router,
+    "opt_state": jax.eval_shape(tx.init, params),
+  }
+  state = _with_shardings(state, sharding.state_sharding(state, mesh))
+  n_params, n_active = build.count_params(params, build.model_config(c, vocab).moe)
+  data = NominalData(_Tokenizer(vocab))
+  run = trainer.Run(c, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
+  tokens = jax.ShapeDtypeStruct(
+    (c.data.batch_size, c.data.seq_len + 1), jnp.int32, sharding=sharding.batch_sharding(mesh)
+  )
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, P()))
+  return Abstract(run, tokens, rng)
+
+
+def impl_on(c: ml_collections.ConfigDict, platform: str) -> str:
+  """The dispatch kernel the config runs on `platform` (`dense` without MoE layers)."""
+  moe = c.model.moe
+  if c.model.moe_every == 0:
+    return "dense"
+  return dispatch.resolve_impl(moe.impl, moe.dispatch, platform)
+
+
+def train_step(abstract: Abstract):
+  """The jitted, guarded train step moejax.train runs (trainer.compile_steps)."""
+  return trainer.compile_steps(abstract.run)[0]
+
+
+def _footprint(c, target: Target, abstract: Abstract, **fields) -> memory.Footprint:
+  state = abstract.run.state
+  return memory.Footprint(
+    target=target,
+    impl=impl_on(c, target.platform),
+    params=memory.device_bytes(state["params"]),
+    opt_state=memory.device_bytes(state["opt_state"]),
+    router=memory.device_bytes(state["router"]),
+    batch=memory.device_bytes(abstract.tokens),
+    **fields,
+  )
+
+
+def footprint(c: ml_collections.ConfigDict, target: Target, label: str = "") -> memory.Footprint:
+  """Compiles the train step for `target` and sizes it per device. A TPU refusal for HBM is
+  a Footprint that does not fit; any other compile error is a UserError naming the target."""
+  abstract = abstract_run(c, target)
+  try:
+    lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
+    compiled = lowered.compile()
+  except Exception as e:
+    parsed = memory.parse_oom(str(e))
+    if parsed is None:
+      raise UserError(f"{label or 'config'}: the train step does not compile for "
+                      f"{target.name}: {type(e).__name__}: {memory.first_line(e)}") from e  # fmt: skip
+    args = memory.device_bytes((abstract.run.state, abstract.tokens, abstract.rng))
+    return _footprint(
+      c, target, abstract, arguments=args, outputs=0, aliased=0, temporaries=parsed[0],
+      code=0, refused=True,
+    )  # fmt: skip
+  ma = memory.analysis(compiled.memory_analysis())
+  return _footprint(c, target, abstract, **ma, refused=False, loops=loops.report(compiled))
+
+
+def export_gpu(c: ml_collections.ConfigDict, n_devices: int) -> jax.export.Exported:
+  """The train step exported for ("cuda",) on an abstract `n_devices` mesh: a lowering
+  check that needs no GPU compiler (no memory)."""
+  if n_devices < 1:
+    raise UserError(f"{n_devices} GPUs is not allowed; use an int >= 1")
+  abstract = abstract_run(c, Target(f"{n_devices} x cuda", "cuda", (), n_devices, 0, ""))
+  return jax.export.export(train_step(abstract), platforms=("cuda",))(
+    abstract.run.state, abstract.tokens, abstract.rng
+  )
+
+
+def grid_forward(c: ml_collections.ConfigDict, target: Target, k1: int | None = None):
+  """The k-grid's forward (one k1, integer k2) compiled for one device of `target`, as
+  `moejax.evaluate` runs it: unsharded, eval.batch_size rows."""
+  one = Target(target.name, target.platform, target.devices[:1], 1, target.hbm_bytes, "")
+  solo = c.copy_and_resolve_references()
+  solo.mesh.update(data=1, fsdp=1, expert=1)
+  solo.data.batch_size = solo.eval.batch_size
+  solo.train.grad_accum = 1
+  abstract = abstract_run(solo, one)
+  state = abstract.run.state
+  n_moe = len(trainer.moe_layers(abstract.run))
+  fwd = CellForward(abstract.run.graphdef, state["params"], state["router"], n_moe)
+  k1 = k1 or (c.model.moe.top_k if n_moe else 1)
+  rep = NamedSharding(abstract.run.mesh, P())
+  args = (
+    state["params"],
+    state["router"],
+    abstract.tokens,
+    jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+    jax.ShapeDtypeStruct((n_moe,), jnp.float32, sharding=rep),
+  )
+  return fwd.compiled(k1, True).lower(*args).compile()
