@@ -142,9 +142,10 @@ def export_gpu(c: ml_collections.ConfigDict, n_devices: int) -> jax.export.Expor
   if n_devices < 1:
     raise UserError(f"{n_devices} GPUs is not allowed; use an int >= 1")
   abstract = abstract_run(c, Target(f"{n_devices} x cuda", "cuda", (), n_devices, 0, ""))
-  return jax.export.export(train_step(abstract), platforms=("cuda",))(
-    abstract.run.state, abstract.tokens, abstract.rng
+  export = jax.export.export(
+    train_step(abstract), platforms=("cuda",), disabled_checks=dispatch.EXPORT_DISABLED_CHECKS
   )
+  return export(abstract.run.state, abstract.tokens, abstract.rng)
 
 
 def grid_forward(c: ml_collections.ConfigDict, target: Target, k1: int | None = None):
