@@ -48,6 +48,7 @@ def _copy_in(local: str, dest: epath.Path) -> None:
     os.replace(local, dest)
     return
   dest.write_bytes(epath.Path(local).read_bytes())
+  os.remove(local)
 
 
 def write_shard(directory: str, name: str, windows_NxL1: np.ndarray) -> ShardInfo:
