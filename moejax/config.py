@@ -71,7 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
     norm_eps=1e-6,
     dtype="float32",  # compute dtype; parameters, optimizer, router, losses stay float32
     remat="none",  # moejax.nn.remat.REMAT_POLICIES: none | full | minimal | dots_saveable
-    attention="xla",  # moejax.nn.attention.ATTENTION_IMPLS: xla | dot_product | splash
+    attention="xla",  # moejax.nn.attention.ATTENTION_IMPLS: xla | dot_product | splash | tokamax
     init_std=0.02,
     moe_every=1,
     first_dense=0,

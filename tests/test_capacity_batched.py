@@ -52,14 +52,26 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("policy,K,group,factor,random_second", CASES)
-def test_batched_equals_fused_and_the_naive_loop(policy, K, group, factor, random_second):
+def _args(K: int):
   x, experts, weights, W = make_case(T, E, K, seed=11, skew=True)
   scores = np.random.default_rng(12).uniform(size=(T, E)).astype(np.float32)
   g = np.random.default_rng(13).normal(size=x.shape).astype(np.float32)
-  args = (x, W, weights, experts, scores, g, jax.random.key(3))
-  (_, (y0, kept0)), grads0 = _grad_fn("fused", policy, K, group, factor, random_second)(*args)
-  (_, (y, kept)), grads = _grad_fn("batched", policy, K, group, factor, random_second)(*args)
+  return x, W, weights, experts, scores, g, jax.random.key(3)
+
+
+@functools.cache
+def _compiled(impl: str, case: tuple):
+  """The case's value-and-grad compiled once (run by one test, read by another)."""
+  return _grad_fn(impl, *case).lower(*_args(case[1])).compile()
+
+
+@pytest.mark.parametrize("policy,K,group,factor,random_second", CASES)
+def test_batched_equals_fused_and_the_naive_loop(policy, K, group, factor, random_second):
+  case = (policy, K, group, factor, random_second)
+  args = _args(K)
+  x, W, weights, experts, _, g, _ = args
+  (_, (y0, kept0)), grads0 = _compiled("fused", case)(*args)
+  (_, (y, kept)), grads = _compiled("batched", case)(*args)
   kept = np.asarray(kept)
   np.testing.assert_array_equal(kept, kept0)  # the same drops
   assert 0 < kept.sum() < kept.size  # the case really drops something
@@ -72,15 +84,8 @@ def test_batched_equals_fused_and_the_naive_loop(policy, K, group, factor, rando
 
 
 def test_batched_compiles_to_no_while_loop_and_fused_to_one_per_block():
-  K, group = 2, 16
-  x, experts, weights, W = make_case(T, E, K, seed=1)
-  scores = np.zeros((T, E), np.float32)
-  g = np.ones(x.shape, np.float32)
-  args = (x, W, weights, experts, scores, g, jax.random.key(0))
-  texts = {
-    impl: _grad_fn(impl, "position", K, group, 1.0, False).lower(*args).compile().as_text()
-    for impl in ("batched", "fused")
-  }
+  """The default tier's case, forward and backward: no while loop in `batched`'s program."""
+  texts = {impl: _compiled(impl, CASES[0]).as_text() for impl in ("batched", "fused")}
   assert " while(" not in texts["batched"]
   assert " while(" in texts["fused"]  # the counterpart, so the check can fail
 
