@@ -19,18 +19,23 @@ d_model 1024, 8 layers, a 32k BPE tokenizer trained on the user's corpus (`data.
 which the sweep must set), 256 × 1024 tokens per step for 4,000 steps (1.05B tokens); bf16
 compute, each block rematerialized, splash attention, FSDP over 16 chips, megablox experts
 (`auto` on TPU): 6.99 of 15.75 GiB per v5e chip by the TPU compiler's memory analysis.
+
+`get_config("gpu")` is the same model and tokens per step on one node of 8 H100s: bf16,
+FSDP over the 8 GPUs, tokamax's grouped matmuls and flash attention (`impl=tokamax`,
+`attention=tokamax`: no while loop in the compiled step), no remat: 24.09 of 59.33 GiB per
+GPU by XLA:GPU's memory analysis of a deviceless compile (`describe --gpu h100:8`).
 """
 
 import ml_collections
 
 from moejax import config as config_lib
 
-PRESETS = ("cpu", "tpu")
+PRESETS = ("cpu", "tpu", "gpu")
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   if preset not in PRESETS:
-    raise ValueError(f"study_calibration: preset={preset!r} is unknown; use one of cpu, tpu")
+    raise ValueError(f"study_calibration: preset={preset!r} is unknown; use one of cpu, tpu, gpu")
   c = config_lib.base_config()
   c.model.update(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=512)
   c.model.moe.update(rule="qwen3_moe", n_experts=64, top_k=8, d_expert=32, dispatch="dropless")
@@ -40,7 +45,7 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   c.optim.update(lr=3e-3, warmup_steps=60)
   c.eval.update(sequences=256, after_train=False, k2="native,k1,K,2K,4K,E,sqrt,gain")
   c.wandb.update(project="moejax", tags="calibration")
-  if preset == "tpu":
+  if preset in ("tpu", "gpu"):
     c.model.update(d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, d_ff=4096)
     # what fits a v5e-16 (15.75 GiB HBM per chip) by the TPU compiler's own memory analysis:
     # `python -m moejax.describe --config configs/study_calibration.py:tpu --topology v5e:4x4`
@@ -54,4 +59,13 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.train.update(steps=4000, log_every=50, eval_every=500, ckpt_every=1000, keep_checkpoints=5)
     c.optim.update(lr=1e-3, warmup_steps=400)
     c.eval.update(sequences=1024)
+  if preset == "gpu":
+    # one 8 x H100 node: the same model and 256 x 1024 tokens per step, FSDP over the 8 GPUs,
+    # tokamax's grouped matmuls (no block loop) and flash attention (no L x L). By XLA:GPU's
+    # memory analysis (`python -m moejax.describe --config configs/study_calibration.py:gpu
+    # --gpu h100:8`): 24.09 GiB per device of the 59.33 GiB JAX's pool gets (0.75 of 80 GB)
+    # without remat, so no remat (9.42 GiB with remat="full")
+    c.model.update(attention="tokamax", remat="none")
+    c.model.moe.update(impl="tokamax")
+    c.mesh.update(data=-1, fsdp=8)
   return c
