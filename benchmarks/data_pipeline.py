@@ -130,8 +130,9 @@ def run_arm(name: str, paths: str, out: str, timeout: int, cap_mb: float, **extr
       return {"error": f"killed at {time.time() - t0:.0f} s: {why}", "rss_mb": peak}
     time.sleep(0.5)
   stdout, stderr = proc.communicate()
-  if proc.returncode != 0:
-    return {"error": (stderr.strip().splitlines() or ["?"])[-1]}
+  if proc.returncode != 0:  # -9 with no output: the kernel's OOM killer, on a shared machine
+    last = (stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return {"error": last, "seconds": time.time() - t0, "rss_mb": peak}
   return json.loads(stdout.strip().splitlines()[-1])
 
 
