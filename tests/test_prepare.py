@@ -34,6 +34,7 @@ from moejax.data import prepare as prepare_lib
 from moejax.data.pipeline import complete, heldout_mask, heldout_windows, make_data
 from moejax.distributed import Shard
 from moejax.errors import UserError
+from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, trainer
 
 QUIET = {"log": lambda *a, **k: None}
@@ -178,6 +179,8 @@ def test_training_on_the_prepared_copy_is_bitwise_the_in_memory_run(prepared, tm
   b = checkpoint.restore(checkpoint.manager(runs["prep"]), abstract)
   assert a[0] == b[0] == TINY["train.steps"] and a[2] == b[2]
   assert_trees_equal(a[1], b[1], "final state")
+  grids = [run_grid(runs[arm], k1="2", k2="native", resamples=1000, **QUIET) for arm in arms]
+  assert [r["loss_per_sequence"] for r in grids[0]] == [r["loss_per_sequence"] for r in grids[1]]
 
 
 def prepared_keys(prepared) -> dict:
