@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import os
 import re
+import time
 from collections.abc import Callable
 
 import ml_collections
@@ -211,7 +212,7 @@ def check_runs(
     key_of[run.name] = key
     if key not in jobs:
       jobs[key] = (run.name, c.to_dict(), compute.accelerators, compute.num_nodes)
-  results = _run_jobs(jobs, workers or default_workers(len(jobs)))
+  results = _run_jobs(jobs, workers or default_workers(len(jobs)), log)
   shared = {k: sum(1 for v in key_of.values() if v == k) for k in jobs}
   for run in runs:
     key = key_of[run.name]
@@ -222,12 +223,22 @@ def check_runs(
     log(f"checked: {run.name}: {text}{note}")
 
 
-def _run_jobs(jobs: dict, workers: int) -> dict:
+def _run_jobs(jobs: dict, workers: int, log: Callable[[str], None] = print) -> dict:
   """{key: (ok, text)}: in this process for one program or one worker, else in `workers`
-  spawned processes (a forked JAX is unsafe)."""
+  spawned processes (a forked JAX is unsafe); logs each program as it is done."""
+  start, out = time.monotonic(), {}
+
+  def done(key, result):
+    out[key] = result
+    log(f"compiled {len(out)}/{len(jobs)}: {jobs[key][0]} ({time.monotonic() - start:.0f} s)")
+
   if workers <= 1 or len(jobs) <= 1:
-    return {key: _check(job) for key, job in jobs.items()}
+    for key, job in jobs.items():
+      done(key, _check(job))
+    return out
   ctx = multiprocessing.get_context("spawn")
   with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-    futures = {key: pool.submit(_check, job) for key, job in jobs.items()}
-    return {key: f.result() for key, f in futures.items()}
+    futures = {pool.submit(_check, job): key for key, job in jobs.items()}
+    for f in concurrent.futures.as_completed(futures):
+      done(futures[f], f.result())
+  return out

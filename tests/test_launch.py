@@ -401,7 +401,8 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
   lines = []
   precheck.check_runs(sweep, runs, compute, lines.append, workers=1)
   assert calls == ["a0", "b"]  # a1 is a0's program
-  assert lines[:2] == [f"checked: a{i}: fits H100:8; one compile for 2 runs" for i in (0, 1)]
+  assert [line.split(" (")[0] for line in lines[:2]] == ["compiled 1/2: a0", "compiled 2/2: b"]
+  assert lines[2:4] == [f"checked: a{i}: fits H100:8; one compile for 2 runs" for i in (0, 1)]
   calls.clear()
   precheck.check_runs(sweep, runs, compute, lines.append, workers=1, per_run=True)
   assert calls == ["a0", "a1", "b"]
