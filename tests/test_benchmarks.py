@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from tiers import FULL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "accelerator.py")
@@ -144,6 +145,7 @@ def cpu_run(tmp_path_factory):
   return report, md, proc.stdout
 
 
+@FULL
 def test_cpu_run_writes_every_arm(cpu_run):
   report, md, stdout = cpu_run
   assert set(report) == {"probe", "shape", "command", "seconds", "arms"}
@@ -160,6 +162,7 @@ def test_cpu_run_writes_every_arm(cpu_run):
     assert f"| {arm['name']} |" in md and f"| {arm['name']} |" in stdout
 
 
+@FULL
 def test_cpu_run_arms_have_their_shapes(cpu_run):
   arms = {a["name"]: a for a in cpu_run[0]["arms"]}
   assert arms["dense"]["d_ff"] == 2 * 16  # the twin: K·d_expert
@@ -173,6 +176,7 @@ def test_cpu_run_arms_have_their_shapes(cpu_run):
   assert arms["fine-fused"]["flops_per_token"] - arms["coarse-fused"]["flops_per_token"] == router
 
 
+@FULL
 def test_an_arms_xla_flags_reach_its_process(bench):
   """The cuDNN ragged arm's flag is set in the worker's environment, after the caller's."""
   args = SimpleNamespace(backend="cpu", arm_timeout=600)
@@ -189,6 +193,7 @@ def test_arms_past_the_budget_are_skipped_not_run(bench):
   assert out["name"] == "fine-fused" and out["error"] == "skipped: --budget-s 280 spent"
 
 
+@FULL
 def test_bad_shape_is_a_one_line_error():
   proc = subprocess.run(
     [sys.executable, SCRIPT, "--coarse=8/9/16"], capture_output=True, text=True, check=False

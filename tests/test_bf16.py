@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from failure_helpers import override
 from flax import nnx
+from tiers import FULL
 
 from moejax import build, cli
 from moejax.nn.model import ModelConfig, Transformer
@@ -68,17 +69,20 @@ def runs():
   return {d: train_losses(d) for d in ("float32", "bfloat16")}
 
 
+@FULL
 def test_state_and_metrics_stay_float32(runs):
   for dtype in ("float32", "bfloat16"):
     assert runs[dtype][1] == {"state": {"float32"}, "metrics": {"float32"}}, dtype
 
 
+@FULL
 def test_both_learn(runs):
   for dtype in ("float32", "bfloat16"):
     losses = runs[dtype][0]
     assert losses[-10:].mean() < losses[0] - 2.0, (dtype, losses[0], losses[-10:].mean())
 
 
+@FULL
 def test_bf16_losses_agree_with_float32(runs):
   f32, bf16 = runs["float32"][0], runs["bfloat16"][0]
   gap = np.abs(bf16 - f32)

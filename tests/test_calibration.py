@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from tiers import FULL
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STUDY = ROOT / "experiments" / "calibration"
@@ -276,6 +277,7 @@ MINI_TINY = {  # the study's first two runs (qwen3_moe and olmoe, seed 0) at toy
 }  # fmt: skip
 
 
+@FULL
 def test_two_run_miniature_runs_end_to_end(tmp_path):
   """`python -m launch.sweep` trains and grids two study runs, copies their results, and the
   report builds from them (the study's own cells: native, k1, K, 2K, 4K, E, sqrt, gain)."""

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from tiers import FULL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -271,6 +272,7 @@ def test_bad_input_is_one_line_exit_2(bad_runs, name):
 # ---------------------------------------------------------------- resume guards
 
 
+@FULL
 def test_resume_with_another_d_model_exits_2_and_keeps_checkpoints(quickstart):
   _, workdir = quickstart
   before = snapshot(workdir)

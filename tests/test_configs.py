@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from tiers import FULL, one_default
 
 from moejax import build
 from moejax import config as config_lib
@@ -162,7 +163,7 @@ def test_family_specifics():
   assert load_preset("deepseekmoe").model.first_dense == 1
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", one_default(PRESETS, "mixtral"))
 def test_preset_forward_and_grads(name):
   cfg = shrink_for_test(load_preset(name))
   mc, model = build_model(cfg)
@@ -247,8 +248,14 @@ def _subprocess(args: list[str], cwd=REPO):
       ["rule=megatron", "scale=2.827", "score=sigmoid", "selection_bias=True"],
       dict(score="sigmoid", norm="sum", scale=2.827, shared="unit", selection_bias=True),
     ),
-    (["rule=olmoe", "scale=k", "norm=sum"], dict(score="softmax", norm="sum", scale="k")),
-    (["rule=dbrx", "lp=2", "selection_bias=false"], dict(norm="lp", lp=2.0)),
+    pytest.param(
+      ["rule=olmoe", "scale=k", "norm=sum"],
+      dict(score="softmax", norm="sum", scale="k"),
+      marks=FULL,
+    ),
+    pytest.param(
+      ["rule=dbrx", "lp=2", "selection_bias=false"], dict(norm="lp", lp=2.0), marks=FULL
+    ),
   ],
 )
 def test_rule_fields_through_the_cli_flag_parser(overrides, want):

@@ -13,12 +13,13 @@ from pathlib import Path
 import jax
 import ml_collections
 import pytest
+from tiers import FULL
 
 from moejax import build, cli, describe
 from moejax import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[1]
-FULL = ROOT / "configs" / "full"
+FULL_DIR = ROOT / "configs" / "full"
 
 # Twin -> (scaled preset it extends, published total, published active), in parameters.
 # Every one is reproduced by the `all` convention: embedding table and LM head counted.
@@ -44,7 +45,7 @@ def key_paths(d, prefix: str = "") -> set[str]:
 def sheets():
   """Worksheets of the full-size twins, built once (eval_shape of up to 671B parameters)."""
   names = [*PUBLISHED, "deepseek_v3"]
-  return {n: describe.worksheet(cli.load_file(str(FULL / f"{n}.py")), 0) for n in names}
+  return {n: describe.worksheet(cli.load_file(str(FULL_DIR / f"{n}.py")), 0) for n in names}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -58,7 +59,7 @@ def test_twin_matches_published_counts(name, sheets):
 def test_every_twin_is_a_complete_valid_config_extending_its_preset():
   base = key_paths(config_lib.base_config())
   for name in [*PUBLISHED, "deepseek_v3"]:
-    c = cli.load_file(str(FULL / f"{name}.py"))
+    c = cli.load_file(str(FULL_DIR / f"{name}.py"))
     preset = cli.load_file(str(ROOT / "configs" / f"{name}.py"))
     assert key_paths(c) == base, name
     config_lib.validate(c)
@@ -128,7 +129,7 @@ def test_placement_is_every_moe_every_th_layer_after_first_dense():
 
 
 def test_parameters_are_only_shapes():
-  mc = build.model_config(cli.load_file(str(FULL / "olmoe.py")), 0)
+  mc = build.model_config(cli.load_file(str(FULL_DIR / "olmoe.py")), 0)
   leaves = jax.tree_util.tree_leaves(build.abstract_params(mc))
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
 
@@ -184,6 +185,7 @@ def _describe(*args: str) -> subprocess.CompletedProcess:
   )
 
 
+@FULL
 def test_cli_prints_the_worksheet_with_overrides():
   out = _describe("--config", "configs/full/olmoe.py", "--config.model.moe.top_k=4")
   assert out.returncode == 0, out.stderr

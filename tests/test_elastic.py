@@ -15,6 +15,7 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
   override,
   tiny,
 )
+from tiers import FULL, one_default
 
 from moejax import sharding
 from moejax.errors import UserError
@@ -172,6 +173,7 @@ def test_uniform_with_k_min_K_is_bitwise_the_fixed_step():
   assert [m["loss"] for m in ma] == [m["loss"] for m in mb]
 
 
+@FULL
 def test_elastic_step_logs_mean_k_and_counts_used_assignments_in_the_loads():
   _, ms = _train(3, model__moe__train_k="uniform", model__moe__train_k_scope="token")
   mean_k = [float(m["moe/mean_k"]) for m in ms]
@@ -180,6 +182,7 @@ def test_elastic_step_logs_mean_k_and_counts_used_assignments_in_the_loads():
   assert float(fixed[0]["moe/mean_k"]) == 4.0
 
 
+@FULL
 def test_resumed_elastic_run_is_bitwise_the_uninterrupted_one(tmp_path):
   c = override(
     tiny(),
@@ -201,7 +204,7 @@ def test_resumed_elastic_run_is_bitwise_the_uninterrupted_one(tmp_path):
   shutil.rmtree(split)
 
 
-@pytest.mark.parametrize("rule", ["qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("rule", one_default(["qwen3_moe", "olmoe"], "qwen3_moe"))
 def test_native_eval_of_a_top_k_trained_model_divides_by_the_top_k_mass(rule):
   """train_k2=K: the grid's native cell at every k1 is the k2 = K cell; with train_k2=k it
   is the rule's own normalization (which for olmoe is no division at all)."""
@@ -219,6 +222,7 @@ def test_native_eval_of_a_top_k_trained_model_divides_by_the_top_k_mass(rule):
   assert not np.allclose(out["k"][0], out["k"][1])
 
 
+@FULL
 def test_fixed_k_with_the_top_k_denominator_normalizes_an_unnormalized_rule():
   """olmoe with train_k2=K divides by the top-K mass during training too: Σ r_i = 1."""
   _, ms = _train(1, model__moe__rule="olmoe", model__moe__train_k2="K")

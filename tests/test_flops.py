@@ -10,6 +10,7 @@ import jax
 import pytest
 from failure_helpers import TINY_RUN, fast_compiles, metric_rows, tiny  # noqa: F401
 from flax import nnx
+from tiers import FULL
 
 from moejax import build
 from moejax.nn.model import ModelConfig, Transformer
@@ -114,6 +115,7 @@ def test_perf_metrics_arithmetic():
   assert flops.MFU_METRIC not in flops.perf_metrics(perf._replace(peak_tflops=None), 1e5)
 
 
+@FULL
 def test_training_rows_have_tflops_and_no_mfu_on_cpu(tmp_path):
   c = tiny(TINY_RUN, data__seq_len=32, train__progress=False, train__steps=3)
   trainer.train(c, str(tmp_path), log=lambda *a: None)

@@ -18,6 +18,7 @@ import torch  # the test extra pins torch and transformers: this file always run
 import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
+from tiers import FULL, one_default
 
 from moejax import build
 from moejax import config as config_lib
@@ -107,31 +108,40 @@ def tokens():
   return np.random.default_rng(0).integers(0, V, size=(2, 12)).astype(np.int32)
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-  """family → (HF model, imported run dir, moejax model)."""
-  root = tmp_path_factory.mktemp("hf")
-  text = root / "heldout.txt"
-  text.write_text(TEXT)
-  out = {}
-  for fam, make in CONFIGS.items():
+class Imported(dict):
+  """family → (HF model, imported run dir, moejax model, HF source dir), each family imported
+  on first use (the default tier imports one family, the full tier all four)."""
+
+  def __init__(self, root):
+    super().__init__()
+    self.root = root
+    self.text = root / "heldout.txt"
+    self.text.write_text(TEXT)
+
+  def __missing__(self, fam):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(make(), dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[fam](), dtype=torch.float32)
+    model = model.eval()
     randomize(model)
-    src = root / f"{fam}_hf"
+    src = self.root / f"{fam}_hf"
     model.save_pretrained(src)
     write_tokenizer(src)
-    opts = {"text": str(text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8,
+    opts = {"text": str(self.text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8,
             "batch_size": 4, "holdout_fraction": 0.3, "progress": False}  # fmt: skip
-    run = root / f"{fam}_run"
+    run = self.root / f"{fam}_run"
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
     c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
     mj = runstate.load_model(str(run), build.model_config(c, V))
-    out[fam] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
-  return out
+    self[fam] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
+    return self[fam]
 
 
-@pytest.mark.parametrize("fam", list(CONFIGS))
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  return Imported(tmp_path_factory.mktemp("hf"))
+
+
+@pytest.mark.parametrize("fam", one_default(CONFIGS, "olmoe"))
 def test_import_matches_transformers(imported, tokens, fam):
   """Native K, and k1 = K/2 with the family's own normalization (k2 = k1 when it renormalizes)."""
   hf, _, mj, _ = imported[fam]
@@ -144,6 +154,7 @@ def test_import_matches_transformers(imported, tokens, fam):
   np.testing.assert_allclose(got1, ref1, atol=1e-4, rtol=0)
 
 
+@FULL
 def test_import_records_the_architecture(imported):
   """Per-family conventions land in moejax's config keys."""
   cfg = {f: json.loads((imported[f][1] / "config.json").read_text())["model"] for f in CONFIGS}
@@ -159,7 +170,7 @@ def test_import_records_the_architecture(imported):
   assert (cfg["olmoe"]["rope_theta"], cfg["olmoe"]["norm_eps"]) == (500.0, 1e-5)
 
 
-@pytest.mark.parametrize("fam", list(CONFIGS))
+@pytest.mark.parametrize("fam", one_default(CONFIGS, "olmoe"))
 def test_export_round_trips(imported, tokens, fam, tmp_path):
   hf, run, _, _ = imported[fam]
   export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
@@ -226,6 +237,7 @@ def test_import_errors_name_the_tensor_or_key(imported, tmp_path):
   assert "no architectures or model_type" in p.stderr
 
 
+@FULL
 def test_grid_on_imported_model(imported):
   """`moejax.evaluate`'s grid runs on an imported model; its native K loss is transformers'
   cross-entropy on the same held-out windows."""
@@ -264,7 +276,7 @@ def test_imported_run_is_for_evaluation_only(imported):
   training on it is refused in one line naming the run."""
   from moejax.training import workdir
 
-  _, run, _, src = imported["mixtral"]
+  _, run, _, src = imported["olmoe"]
   meta = json.loads((run / "checkpoints" / "0" / "state" / "_METADATA").read_text())
   tops = {key.split("'")[1] for key in meta["tree_metadata"]}  # "('params', 'embed', ...)"
   assert tops == {"step", "params", "router"}

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import yaml
+from tiers import FULL
 
 from launch import commands, local, sky, spec
 from moejax.errors import UserError
@@ -111,6 +112,7 @@ def ran(mini):
   return s, root, first
 
 
+@FULL
 def test_local_runs_three_in_parallel_and_resumes_the_interrupted_one(ran):
   s, root, out = ran
   assert out.returncode == 0, out.stdout + out.stderr
@@ -144,6 +146,7 @@ def test_local_runs_three_in_parallel_and_resumes_the_interrupted_one(ran):
   )
 
 
+@FULL
 def test_local_second_call_skips_finished_runs(ran, mini):
   s, root, _ = ran
   logs = [os.path.join(commands.run_dir(root, s, r), "launch.log") for r in s.runs[:3]]
@@ -156,6 +159,7 @@ def test_local_second_call_skips_finished_runs(ran, mini):
   assert [os.path.getmtime(p) for p in logs] == before and time.time() - t0 < 30
 
 
+@FULL
 def test_local_failed_run_is_listed_with_its_log(ran, mini):
   _, root, _ = ran
   out = _launch(mini[0], "--backend", "local", "--only", "bad", "--root", root)
@@ -251,6 +255,7 @@ def _cuda() -> bool:
   return aot.cuda_available() or bool(os.environ.get("MOEJAX_REQUIRE_GPU"))
 
 
+@FULL
 def test_sky_dry_run_yaml_passes_skypilots_parser(sky_mini, tmp_path):
   if not _sky_available():
     pytest.skip("no SkyPilot env (.sky-venv); .ci/run builds it")
@@ -305,6 +310,7 @@ def test_sky_task_makes_its_own_python_311_environment():
     )
 
 
+@FULL
 def test_sky_refuses_placeholders_bad_configs_and_runs_that_do_not_fit(sky_mini, tmp_path):
   env = _fake_sky(tmp_path, tmp_path / "calls.jsonl")
   common = ("--backend", "sky", "--dry-run", "--root", "gs://bkt/runs", "--out", str(tmp_path))
@@ -327,6 +333,7 @@ def test_sky_refuses_placeholders_bad_configs_and_runs_that_do_not_fit(sky_mini,
   assert not (tmp_path / "calls.jsonl").exists()  # nothing was launched
 
 
+@FULL
 def test_sky_launch_submits_every_run_to_the_sky_on_path(sky_mini, tmp_path):
   record = tmp_path / "calls.jsonl"
   env = _fake_sky(tmp_path, record)
@@ -414,6 +421,7 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
     precheck.check_runs(spec.Sweep("s", big, sweep.compute), big, compute, lines.append, workers=1)
 
 
+@FULL
 def test_sky_refuses_a_gpu_run_that_does_not_fit(sky_mini, tmp_path):
   """32768-token sequences with XLA attention: the L x L scores per device, over 59.33 GiB."""
   if not _cuda():

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiers import FULL
 
 from moejax.errors import UserError
 from moejax.nn.layers import Attention, DenseFFN, RMSNorm, rope
@@ -279,6 +280,7 @@ def test_moe_forward_and_router_grad():
     assert g.shape == (16, 4) and float(jnp.abs(g).sum()) > 0
 
 
+@FULL
 def test_moe_jit_round_trip_and_bf16():
   tokens = jnp.asarray(np.random.default_rng(8).integers(0, 32, size=(2, 8)))
   model = Transformer(moe_config(), rngs=nnx.Rngs(0))

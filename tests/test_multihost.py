@@ -22,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from failure_helpers import TINY_RUN
+from tiers import FULL
 
 from moejax import distributed
 from moejax.data.pipeline import TrainIterator
@@ -133,6 +134,7 @@ def runs(tmp_path_factory):
   }
 
 
+@FULL
 def test_two_processes_log_once_and_resume(runs):
   assert [r["step"] for r in runs["first_rows"]] == [1, 2, 3]
   assert [r["step"] for r in runs["rows"]] == [1, 2, 3, 4, 5]  # process 1 writes no rows
@@ -144,6 +146,7 @@ def test_two_processes_log_once_and_resume(runs):
   assert config["resolved"]["devices"] == 2
 
 
+@FULL
 def test_bpe_trained_once_and_shared(runs):
   names = os.listdir(os.path.join(runs["multi"], "tokenizer"))
   assert len(names) == 1 and names[0].endswith(".json"), names  # no temporary files left
@@ -152,6 +155,7 @@ def test_bpe_trained_once_and_shared(runs):
   assert ours == ref
 
 
+@FULL
 def test_losses_match_one_process(runs):
   assert len(runs["ref_rows"]) == 5
   for ours, ref in zip(runs["rows"], runs["ref_rows"]):
@@ -159,6 +163,7 @@ def test_losses_match_one_process(runs):
       assert abs(ours[key] - ref[key]) <= TOL * max(1.0, abs(ref[key])), (ours["step"], key)
 
 
+@FULL
 def test_final_parameters_match_one_process(runs):
   ours, ref = runs["state"], runs["ref_state"]
   assert int(ours["step"]) == int(ref["step"]) == 5

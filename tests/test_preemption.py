@@ -14,6 +14,7 @@ import time
 
 import pytest
 from failure_helpers import TINY, assert_trees_equal, cli_args, metric_rows, same_rows, tiny
+from tiers import FULL, one_default
 
 from moejax.training import checkpoint, trainer
 
@@ -83,6 +84,7 @@ def kill_when(proc: subprocess.Popen, condition, timeout: float = 300) -> bool:
   return False
 
 
+@FULL
 def test_kill_9_at_three_points_then_rerun_matches_an_uninterrupted_run(env, tmp_path):
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "killed")
   ref = start(reference, env)
@@ -108,7 +110,9 @@ def test_kill_9_at_three_points_then_rerun_matches_an_uninterrupted_run(env, tmp
   assert not saving(workdir)  # the abandoned temporary directory was cleaned up
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+  "sig", one_default([signal.SIGTERM, signal.SIGINT], signal.SIGTERM, ids=lambda s: s.name)
+)
 def test_signal_saves_the_current_step_and_exits_0(env, tmp_path, sig):
   workdir = str(tmp_path / "run")
   proc = start(workdir, env, **{"train.steps": 2000, "train.ckpt_every": 1000})

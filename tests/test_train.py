@@ -31,6 +31,7 @@ from failure_helpers import (  # fast_compiles: autouse for this module
   tiny,
 )
 from flax import nnx
+from tiers import FULL, one_default
 
 from moejax import sharding
 from moejax.nn.losses import LossConfig
@@ -352,6 +353,7 @@ def test_nan_raises_diverged_and_keeps_the_last_checkpoint(
   assert step == N and all_finite(state)
 
 
+@FULL
 def test_huge_lr_diverges_and_the_named_checkpoint_is_good(tmp_path):
   """A real divergence: the checkpoint the message calls good restores with finite values.
 
@@ -443,7 +445,12 @@ def test_presets_are_found():
   assert len(names) >= 12 and {"quickstart", "deepseek_v3", "switch", "gshard"} <= names
 
 
-@pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: os.path.basename(p)[:-3])
+@pytest.mark.parametrize(
+  "path",
+  one_default(
+    PRESET_FILES, os.path.join(CONFIG_DIR, "quickstart.py"), ids=lambda p: os.path.basename(p)[:-3]
+  ),
+)
 def test_every_preset_builds_and_takes_a_train_step(path):
   preset = load_preset(path)
   c = shrink_preset(preset)

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from tiers import FULL
 
 from .helpers import (
   BAD,
@@ -30,6 +31,7 @@ from .helpers import (
 # ---------------------------------------------------------------- 5: the CLI end to end
 
 
+@FULL
 def test_cli_default_grid(cli_default, mixtral_grid):
   res, rows, files = cli_default
   assert res.returncode == 0, res.stderr[-3000:]
@@ -60,6 +62,7 @@ def test_cli_default_grid(cli_default, mixtral_grid):
   assert md.decode() in res.stdout  # the table is printed
 
 
+@FULL
 def test_cli_step_selects_older_checkpoint(background, cli_default):
   """`--step 15 --k1 4 --k2 native,E` on a run with checkpoints 15 and 30."""
   procs, _, dirs = background
@@ -90,6 +93,7 @@ def test_cli_bad_values_exit_2_one_line(bad_runs, name):
   assert BAD[name][1] in lines[0], lines[0]
 
 
+@FULL
 def test_train_cli_runs_grid_after_training(trained, compile_cache, cli_default, tmp_path):
   """`python -m moejax.train` with eval.after_train (configs/quickstart.py) ends with the
   same grid as the evaluator CLI. The run is already at train.steps, so it only evaluates."""
