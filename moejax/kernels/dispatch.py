@@ -100,8 +100,12 @@ EXPORT_DISABLED_CHECKS = tokamax_ragged.EXPORT_DISABLED_CHECKS
 # * TPU dropless: megablox. Compiled for v5e by the TPU compiler (benchmarks/tpu_ragged_dot.py,
 #   M 4096, d 1024, f 256, E 64), ragged_dot's forward and dx are native (1.0x the ideal
 #   FLOPs) but its dW (the ragged-contracting transpose) is expanded over all E groups: 64.2x
-#   the ideal FLOPs; megablox's tgmm and tokamax's Mosaic TPU kernel do dW at 1.0x.
-#   MaxText defaults to megablox on TPU too.
+#   the ideal FLOPs; megablox's tgmm and tokamax's Mosaic TPU kernel do dW at 1.0x. The TPU
+#   preset's whole step on v5e:4x4 (`tpu_ragged_dot.py --train-step`): megablox and tokamax
+#   10.91 / 10.90 TFLOPs and 5.32 / 5.32 GiB of temporaries per device. Kept: megablox's
+#   kernel follows the lowering platform, so a CPU host's AOT compile is what the TPU runs;
+#   tokamax picks Mosaic TPU only when JAX's default device is a TPU. MaxText defaults to
+#   megablox on TPU too.
 # * CPU, ROCm, and capacity off CUDA: the fused loop (measured fastest on CPU; ROCm untested).
 AUTO: dict[str, dict[str, str]] = {
   "dropless": {"cpu": "fused", "cuda": "tokamax", "rocm": "fused", "tpu": "megablox"},

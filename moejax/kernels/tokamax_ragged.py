@@ -3,8 +3,8 @@
 its MoE layers on GPU).
 
 Rows are sorted by expert without padding; rows past the last expert's (zeros: elastic-k's
-unused assignments) join the last group, so every row of the buffer is in a group (the
-Triton kernel leaves rows outside every group unwritten) and contributes exactly zero.
+unused assignments) join the last group, so every row of the buffer is in a group (no
+kernel is relied on to zero rows outside every group) and contributes exactly zero.
 Gate and up are one ragged dot against [E, D, 2F]. Inputs stay in the compute dtype (bf16
 on the GPU presets), accumulate in float32 and are written in the compute dtype.
 
@@ -15,15 +15,17 @@ implementation list, so each falls back on its own: tokamax 0.0.12's Mosaic GPU 
 no ragged-contracting dot on sm100, and its own VJP would call Mosaic for dW there.
 
 Implementations, for the platform the program is lowered for (`jax.lax.platform_dependent`):
-* cuda: `("mosaic", "triton")`. tokamax resolves "mosaic" to its Mosaic GPU kernel when the
-  default device is an NVIDIA GPU and takes the first that does not raise
+* cuda: `("mosaic", "triton")`. tokamax resolves "mosaic" to its Mosaic GPU kernel when JAX's
+  default device is an NVIDIA GPU (on a GPU host, or a compile-only GPU made the default with
+  `jax.default_device` for a deviceless compile) and takes the first that does not raise
   NotImplementedError: Mosaic on sm90 (bf16/f16 inputs), Triton on sm80 and for f32 inputs;
   on sm100 Mosaic for forward and dx, Triton for dW. On a host without a GPU (an export or a
   deviceless compile) the default device is the CPU: "mosaic" resolves to the Mosaic TPU
   kernel, which refuses the CPU, and Triton is traced. tokamax's "is a GPU present" checks
   are off in this branch (`tokamax.config.cross_compile`): the branch is only lowered for CUDA.
-* tpu: `("mosaic", "xla")`: tokamax's Mosaic TPU kernel on a TPU host; from a host without
-  a TPU, "xla" (`jax.lax.ragged_dot`, native on TPU; see `dispatch.AUTO` for its dW).
+* tpu: `("mosaic", "xla")`: tokamax's Mosaic TPU kernel when the default device is a TPU (a
+  TPU host, or a compile-only one as above); else "xla" (`jax.lax.ragged_dot`, native on
+  TPU but with its dW expanded over the groups: see `dispatch.AUTO`).
 * elsewhere: "xla", `jax.lax.ragged_dot` (densified on CPU: for tests).
 
 A Pallas kernel is opaque to GSPMD, so dispatch runs this per device in a shard_map
