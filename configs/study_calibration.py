@@ -18,7 +18,7 @@ sweep's overrides (`experiments/calibration/sweep.py`):
 d_model 1024, 8 layers, a 32k BPE tokenizer trained on the user's corpus (`data.paths`,
 which the sweep must set), 256 × 1024 tokens per step for 4,000 steps (1.05B tokens); bf16
 compute, each block rematerialized, splash attention, FSDP over 16 chips, megablox experts
-(`auto` on TPU): 6.99 of 15.75 GiB per v5e chip by the TPU compiler's memory analysis.
+(`auto` on TPU): 5.95 of 15.75 GiB per v5e chip by the TPU compiler's memory analysis.
 
 `get_config("gpu")` is the same model and tokens per step on one node of 8 H100s: bf16,
 FSDP over the 8 GPUs, tokamax's grouped matmuls and flash attention (`impl=tokamax`,
@@ -49,7 +49,8 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.model.update(d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, d_ff=4096)
     # what fits a v5e-16 (15.75 GiB HBM per chip) by the TPU compiler's own memory analysis:
     # `python -m moejax.describe --config configs/study_calibration.py:tpu --topology v5e:4x4`
-    # gives 6.99 GiB per device (6.35 GiB temporaries; f32 without remat: 33.5 GiB)
+    # gives 5.95 GiB per device (5.32 GiB temporaries, megablox with gate and up in one gmm;
+    # 6.99 and 6.35 before that; f32 without remat: 33.5 GiB)
     c.model.update(dtype="bfloat16", remat="full", attention="splash")
     c.mesh.update(data=-1, fsdp=16)
     c.model.moe.update(d_expert=256)
