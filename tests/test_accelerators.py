@@ -200,6 +200,7 @@ def test_quickstart_compiles_for_tpu(tpu):
   assert fp.fits and fp.params > 0 and fp.temporaries >= 0, fp
 
 
+@pytest.mark.full  # needs the cuda extra (the full tier installs it)
 def test_quickstart_exports_and_compiles_for_h100(gpu):
   c = tiny(*QUICKSTART)
   exported = aot.export_gpu(c, gpu.n_devices)  # the lowering, as on a host without the plugin

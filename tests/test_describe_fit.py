@@ -68,6 +68,7 @@ def h100():
   return aot.gpu_target("h100:8")
 
 
+@pytest.mark.full  # needs the cuda extra (the full tier installs it)
 def test_gpu_target_memory_is_the_protos_times_jax_pool(h100):
   assert h100.n_devices == 8 and h100.devices[0].device_kind == "NVIDIA H100 80GB HBM3"
   assert h100.hbm_bytes == int(84942979072 * 0.75)  # device_memory_size x JAX's default pool
@@ -75,6 +76,7 @@ def test_gpu_target_memory_is_the_protos_times_jax_pool(h100):
   assert two.n_devices == 16 and {d.process_index for d in two.devices} == {0, 1}
 
 
+@pytest.mark.full  # needs the cuda extra (the full tier installs it)
 def test_gpu_fit_is_the_compilers_and_fails_a_tiny_memory(h100):
   c = small()
   fp = aot.footprint(c, h100)
