@@ -79,10 +79,11 @@ def test_gpu_target_memory_is_the_protos_times_jax_pool(h100):
 @pytest.mark.full  # needs the cuda extra (the full tier installs it)
 def test_gpu_fit_is_the_compilers_and_fails_a_tiny_memory(h100):
   c = small()
+  c.model.moe.impl = "fused"  # the block loop: the loop report has one to show
   fp = aot.footprint(c, h100)
   assert fp.params == 4 * (OTHERS + EXPERTS) and fp.batch == 4 * (8 // 8) * (16 + 1)
   assert fp.arguments >= fp.params + fp.opt_state + fp.router and fp.temporaries > 0
-  assert fp.fits and not fp.refused and fp.loops  # the fused block loop at least
+  assert fp.fits and not fp.refused and any(lp.grows for lp in fp.loops), fp.loops
   text = describe.format_fit(fp, c)
   assert "GPU compiler (XLA:GPU): memory_analysis()" in text and "\n  fits: " in text
   assert "while loops:" in text and "step time: not estimated" in text
@@ -178,3 +179,50 @@ def test_tpu_fit_both_sides_of_the_hbm(v5e):
   assert "DOES NOT FIT" in describe.format_fit(big, c) and "RESOURCE_EXHAUSTED" in (
     describe.format_fit(big, c)
   )
+
+
+# Two loops as XLA:GPU writes them: a fixed one (known_trip_count) whose body runs a GEMM
+# fusion, and one from a dispatch kernel (StackFrames -> moejax/kernels/fused.py) without a
+# count, nested in it, running a custom call.
+HLO = """HloModule m
+
+FileNames
+1 "/x/moejax/kernels/fused.py"
+FunctionNames
+1 "run"
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=71 end_line=71 column=1 end_column=1}
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+%inner_body (p: (s32[])) -> (s32[]) {
+  %p = (s32[]) parameter(0)
+  %cc = f32[8]{0} custom-call(), custom_call_target="__gpu$xla.gpu.triton"
+  ROOT %t = (s32[]) tuple(%x)
+}
+
+%gemm (a: f32[8,8]) -> f32[8,8] {
+  ROOT %d = f32[8,8]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%outer_body (p: (s32[])) -> (s32[]) {
+  %f = f32[8,8]{1,0} fusion(%a), kind=kCustom, calls=%gemm
+  %w = (s32[]) while(%p), condition=%c, body=%inner_body, metadata={op_name="a/while" stack_frame_id=1}
+  ROOT %t = (s32[]) tuple(%x)
+}
+
+ENTRY %main (a: s32[]) -> (s32[]) {
+  %w0 = (s32[]) while(%t), condition=%c0, body=%outer_body, backend_config={"known_trip_count":{"n":"4"}}
+}
+"""
+
+
+def test_loop_report_reads_trip_counts_sources_and_bodies():
+  outer, inner = aot.loops.report_text(HLO)
+  assert (outer.trip, outer.depth, outer.grows) == (4, 0, False)
+  assert (outer.body.matmuls, outer.body.kernels) == (1, 1)  # the nested loop is its own
+  assert (inner.trip, inner.depth, inner.grows) == (None, 1, True)
+  assert inner.source == "fwd kernels/fused.py:71 run"
+  assert inner.body.custom == (("__gpu$xla.gpu.triton", 1),) and inner.body.matmuls == 0
+  text = "\n".join(aot.format_loops((outer, inner)))
+  assert "2; 1 dispatch block loops (trips grow with rows), 1 fixed, 0 unannotated" in text

@@ -16,6 +16,7 @@ fusions, collectives, cuDNN). Neither exposes an estimated step time for a devic
 compile (`cost_analysis()` is None on GPU), so nothing here is timed.
 """
 
+from moejax.aot import loops  # noqa: F401
 from moejax.aot.loops import Loop, format_loops  # noqa: F401
 from moejax.aot.memory import Footprint, device_bytes, parse_oom  # noqa: F401
 from moejax.aot.programs import (  # noqa: F401

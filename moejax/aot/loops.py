@@ -6,7 +6,7 @@ its own: on a GPU, several launches of a few microseconds per iteration. XLA wri
 constant; without it the count is read from the data at run time. In moejax's dispatch the
 data-dependent loops are the block loops (`kernels/grouped.py`: `fori_loop(0, n_used)` over
 the used blocks of a plan), whose trips grow with the rows per device (T·K / block + E at
-most), so `Loop.grows` is "the trip count is not a constant". Fixed loops (a searchsorted's
+most), so `Loop.grows` is "a kernels/ loop whose trip count is not a constant". Fixed loops (a searchsorted's
 bisection, the micro-batch scan, an RNG's rounds) keep their count whatever the batch.
 
 Each loop's body is summarized by what runs per iteration: matmuls (dots, GEMM fusions and
@@ -89,8 +89,11 @@ class Loop(NamedTuple):
 
   @property
   def grows(self) -> bool:
-    """Its trip count is not a compile-time constant: in moejax's dispatch, a block loop."""
-    return self.trip is None
+    """A dispatch kernel's loop (`kernels/`) whose trip count is not a compile-time constant:
+    a block loop, whose trips grow with the rows per device. Other loops without a count
+    in the HLO (XLA:TPU annotates none; its windowed FSDP matmuls loop over the shards) are
+    reported as unannotated."""
+    return self.trip is None and self.source.split(" ", 1)[-1].startswith("kernels/")
 
 
 class _Instr(NamedTuple):
@@ -242,7 +245,7 @@ def report_text(hlo: str) -> tuple[Loop, ...]:
         stack.append((name, depth + 1))
         cond = _COND.search(instr.line)
         seen.add(cond.group(1) if cond else "")
-      elif instr.opcode in ("conditional", "call"):
+      else:  # conditionals, calls, async wrappers, custom calls with called computations
         stack += [(c, depth) for c in _callees(instr)]
   return tuple(out)
 
@@ -257,15 +260,16 @@ def format_loops(loops: tuple[Loop, ...], indent: str = "  ") -> list[str]:
   if not loops:
     return [f"{indent}while loops: none in the compiled program"]
   grows = [lp for lp in loops if lp.grows]
+  fixed = [lp for lp in loops if lp.trip is not None]
   lines = [
-    f"{indent}while loops: {len(loops)} in the compiled step; {len(grows)} with trips read from "
-    f"the data (grow with rows), {len(loops) - len(grows)} fixed"
+    f"{indent}while loops: {len(loops)}; {len(grows)} dispatch block loops (trips grow with "
+    f"rows), {len(fixed)} fixed, {len(loops) - len(grows) - len(fixed)} unannotated"
   ]
   groups = collections.Counter((lp.grows, lp.trip, lp.depth, lp.source, lp.body) for lp in loops)
   for (grow, trip, depth, source, body), n in sorted(
     groups.items(), key=lambda kv: (not kv[0][0], -kv[1], kv[0][3])
   ):
-    trips = "trips: data" if grow else f"trips: {trip}"
+    trips = "trips: data" if grow else f"trips: {trip}" if trip is not None else "trips: ?"
     nest = f", nested {depth}" if depth else ""
     lines.append(f"{indent}  {n:4d} x [{trips}{nest}] {source}")
     lines.append(f"{indent}         per trip: {body.text()}")
