@@ -10,6 +10,7 @@ entry). What the GPU branch compiles to is benchmarks/gpu_kernels_compile.py's (
 CUDA jaxlib); here only that it lowers to Triton kernels from a CPU host.
 """
 
+import os
 import re
 
 import jax
@@ -20,9 +21,10 @@ from failure_helpers import results_on_host_devices
 from test_dispatch import _check_grads, _naive_grads, naive_moe
 from test_dropless import E, _case, _grad_fns, routing
 
+from moejax import aot
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
-from moejax.kernels import tokamax_ragged
+from moejax.kernels import plans, tokamax_ragged
 from moejax.nn.attention import tokamax_attention
 from moejax.nn.moe import MoEConfig
 
@@ -193,3 +195,51 @@ def test_runs_per_device_in_a_shard_map_on_eight_fake_devices(tmp_path):
   assert r["shard_map"] and r["max_diff"] < 1e-6  # relative to each leaf's largest entry
   assert r["attention_shard_map"] and r["attention_diff"] < 1e-5
   assert r["attention_shards"] == [[1, 128, 4, 8]]
+
+
+@pytest.fixture(scope="module")
+def h100():
+  """One compile-only H100 (jax's CUDA plugin, the `cuda` extra; CI's full tier has it)."""
+  if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
+    pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
+  return aot.gpu_devices("h100:1")[0]
+
+
+def _gpu_program(device, fn, *shapes) -> str:
+  """`fn`'s value and gradient compiled by XLA:GPU for `device`, traced with it as JAX's
+  default device (so tokamax sees an sm90 GPU and takes its Mosaic kernels)."""
+  sh = jax.sharding.SingleDeviceSharding(device)
+  args = [jax.ShapeDtypeStruct(s, d, sharding=sh) for s, d in shapes]
+  with jax.default_device(device):
+    grad = jax.value_and_grad(fn, argnums=tuple(range(len(args) - 1)))
+    return jax.jit(grad).lower(*args).compile().as_text()
+
+
+@FULL
+def test_new_kernels_compile_for_an_h100_without_a_while_loop(h100):
+  """Deviceless XLA:GPU, small shapes: tokamax's dropless layer is Mosaic GPU kernels,
+  `batched` capacity has no loop where `fused` has one, tokamax attention is a kernel."""
+  T, D, F, E, K, bf = 1024, 256, 128, 8, 2, jnp.bfloat16
+
+  def moe(impl, mode):
+    def loss(x, wg, wu, wd, e):
+      w = jnp.full(e.shape, 0.5, jnp.float32)
+      ex = dsp.ExpertWeights(wg, wu, wd)
+      if mode == "dropless":
+        y = dsp.dropless(x, e, w, ex, impl=impl)
+      else:
+        order = plans.drop_order("position", e, w, None, T)
+        y, _ = dsp.capacity_dispatch(x, e, w, ex, cap=320, group_size=T, order=order, impl=impl)
+      return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    return loss
+
+  shapes = [((T, D), bf), ((E, D, F), bf), ((E, D, F), bf), ((E, F, D), bf), ((T, K), jnp.int32)]
+  tok = _gpu_program(h100, moe("tokamax", "dropless"), *shapes)
+  assert " while(" not in tok and tok.count('custom_call_target="mosaic_gpu') >= 6
+  batched = _gpu_program(h100, moe("batched", "capacity"), *shapes)
+  fused = _gpu_program(h100, moe("fused", "capacity"), *shapes)
+  assert " while(" not in batched and " while(" in fused  # the check can fail
+  qkv = [((2, 256, 4, 64), bf), ((2, 256, 2, 64), bf), ((2, 256, 2, 64), bf)]
+  att = _gpu_program(h100, lambda q, k, v: jnp.sum(tokamax_attention(q, k, v) ** 2), *qkv)
+  assert " while(" not in att and 'custom_call_target="mosaic_gpu' in att
