@@ -19,7 +19,9 @@ Implementations, for the platform the program is lowered for (`jax.lax.platform_
   default device is an NVIDIA GPU (on a GPU host, or a compile-only GPU made the default with
   `jax.default_device` for a deviceless compile) and takes the first that does not raise
   NotImplementedError: Mosaic on sm90 (bf16/f16 inputs), Triton on sm80 and for f32 inputs;
-  on sm100 Mosaic for forward and dx, Triton for dW. On a host without a GPU (an export or a
+  on sm100 Mosaic for forward and dx, Triton for dW. (On sm90 Mosaic's dW reads its inputs
+  transposed, so XLA materializes x and h transposed: +0.9 GiB over Triton at the TPU
+  preset's per-device shapes, README Dispatch.) On a host without a GPU (an export or a
   deviceless compile) the default device is the CPU: "mosaic" resolves to the Mosaic TPU
   kernel, which refuses the CPU, and Triton is traced. tokamax's "is a GPU present" checks
   are off in this branch (`tokamax.config.cross_compile`): the branch is only lowered for CUDA.
