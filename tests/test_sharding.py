@@ -17,7 +17,11 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from failure_helpers import results_on_host_devices
+from failure_helpers import results_on_host_devices, tiny
+from tiers import FULL
+
+from moejax.errors import UserError
+from moejax.training import trainer
 
 SCRIPT = textwrap.dedent(r'''
   import json, sys
@@ -163,6 +167,7 @@ def results(tmp_path_factory):
   )
 
 
+@FULL
 def test_batch_is_split_over_8_devices(results):
   r = results["data8"]
   assert r["mesh"] == {"data": 8, "fsdp": 1, "expert": 1}
@@ -172,6 +177,7 @@ def test_batch_is_split_over_8_devices(results):
   assert r["ref_devices"] == 1
 
 
+@FULL
 @pytest.mark.parametrize("name", ["data8", "fsdp_accum_bias", "expert2"])
 def test_sharded_steps_match_one_device(results, name):
   r = results[name]
@@ -183,6 +189,7 @@ def test_sharded_steps_match_one_device(results, name):
     assert abs(sharded - single) <= 1e-5 * abs(single), (key, sharded, single)
 
 
+@FULL
 def test_fsdp_and_expert_meshes(results):
   r = results["fsdp_accum_bias"]
   assert r["mesh"] == {"data": 4, "fsdp": 2, "expert": 1}
@@ -196,6 +203,7 @@ def test_fsdp_and_expert_meshes(results):
   assert e["batch_shards"] == [[2, 17]]  # replicated over `expert`, split over data
 
 
+@FULL
 def test_mesh_that_does_not_fit_the_devices_is_a_user_error(results):
   message = results["mesh3_error"]
   assert message is not None, "mesh.data=3 on 8 devices was accepted"
@@ -203,6 +211,7 @@ def test_mesh_that_does_not_fit_the_devices_is_a_user_error(results):
   assert "\n" not in message
 
 
+@FULL
 @pytest.mark.parametrize(
   ("name", "mesh", "expert_shard"),
   [
@@ -218,3 +227,13 @@ def test_checkpoint_restores_onto_another_mesh(results, name, mesh, expert_shard
   assert r["expert_shard"] == expert_shard  # 8 experts over `expert` (2 or 1 devices)
   assert r["step"] == 7 and r["data"] == {"position": 3}
   assert r["n_leaves"] > 10 and r["equal"] and r["changed"]  # the saved values, not the init
+
+
+def test_a_mesh_larger_than_this_host_is_refused_in_one_line():
+  """The default tier's sharding check (the 8-device runs above are in the full tier): on
+  this process's one CPU device, a 2-way data axis is refused naming mesh.data."""
+  c = tiny()
+  c.mesh.data = 2
+  with pytest.raises(UserError) as e:
+    trainer.check_config(c)
+  assert "mesh.data" in str(e.value) and "\n" not in str(e.value)
