@@ -18,8 +18,8 @@ from ml_collections import config_dict
 from moejax import build
 from moejax.data import pipeline as data_lib
 from moejax.errors import UserError, check_choice
-from moejax.nn.moe import MoEConfig
 from moejax.nn.losses import LossConfig
+from moejax.nn.moe import MoEConfig
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
 WANDB_MODES = ("auto", "online", "offline", "disabled")

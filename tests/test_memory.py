@@ -178,7 +178,10 @@ def test_expert_specs():
 
 @pytest.mark.parametrize(
   ("key", "allowed"),
-  [("remat", "none, full, minimal, dots_saveable"), ("attention", "xla, dot_product, splash, tokamax")],
+  [
+    ("remat", "none, full, minimal, dots_saveable"),
+    ("attention", "xla, dot_product, splash, tokamax"),
+  ],
 )
 def test_bad_choice_is_a_one_line_user_error(key, allowed):
   c = config_lib.base_config()
