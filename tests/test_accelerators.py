@@ -96,9 +96,9 @@ def expert_shape(c) -> tuple:
   return (c.model.d_model, m.n_experts, m.top_k, m.d_expert, c.model.dtype, m.group_size)
 
 
-def cases(full: bool = FULL) -> list[tuple[str, str, str]]:
-  """(preset, mode, impl): each preset in its own mode with `auto`; per distinct expert
-  shape (or, `full`, per preset) each TPU kernel and the other mode."""
+def matrix(extra, full: bool = FULL) -> list[tuple[str, str, str]]:
+  """(preset, mode, impl): each preset in its own mode with `auto`; then, per distinct expert
+  shape (or, `full`, per preset), the cases `extra(preset, native mode)` adds."""
   out, seen = [], set()
   for p in presets():
     c = load(p)
@@ -108,9 +108,19 @@ def cases(full: bool = FULL) -> list[tuple[str, str, str]]:
     if c.model.moe_every == 0 or (shape in seen and not full):
       continue
     seen.add(shape)
-    out += [(p, "dropless", k) for k in tpu_kernels() if k != tpu_auto()]
-    out += [(p, mode, "auto") for mode in MODES if mode != native]
+    out += extra(p, native)
   return out
+
+
+def cases(full: bool = FULL) -> list[tuple[str, str, str]]:
+  """The TPU matrix: each other TPU kernel, then the other mode."""
+  return matrix(
+    lambda p, native: (
+      [(p, "dropless", k) for k in tpu_kernels() if k != tpu_auto()]
+      + [(p, mode, "auto") for mode in MODES if mode != native]
+    ),
+    full,
+  )
 
 
 def gpu_kernels(mode: str) -> tuple[str, ...]:
@@ -125,20 +135,14 @@ def gpu_kernels(mode: str) -> tuple[str, ...]:
 
 
 def gpu_cases(full: bool = FULL) -> list[tuple[str, str, str]]:
-  """(preset, mode, impl): each preset in its own mode with `auto`; per distinct expert
-  shape (or, `full`, per preset) each other cuda kernel of each mode, and the other mode."""
-  out, seen = [], set()
-  for p in presets():
-    c = load(p)
-    native = c.model.moe.dispatch
-    out.append((p, native, "auto"))
-    shape = expert_shape(c)
-    if c.model.moe_every == 0 or (shape in seen and not full):
-      continue
-    seen.add(shape)
-    out += [(p, mode, "auto") for mode in MODES if mode != native]
-    out += [(p, mode, k) for mode in MODES for k in gpu_kernels(mode)]
-  return out
+  """The GPU matrix: the other mode, then each other cuda kernel of each mode."""
+  return matrix(
+    lambda p, native: (
+      [(p, mode, "auto") for mode in MODES if mode != native]
+      + [(p, mode, k) for mode in MODES for k in gpu_kernels(mode)]
+    ),
+    full,
+  )
 
 
 def _id(case) -> str:
