@@ -217,7 +217,7 @@ def get_sweep():
     run("bad", "gpu", {{"model.nope": 1}}),
     run("nodata", "tpu", {{"data.corpus": "files", "data.paths": "gs://YOUR_BUCKET/c/*.jsonl"}}),
     run("huge", "tpu", {{"data.seq_len": 32768, "model.moe.impl": "ragged"}}),
-    run("gpuhuge", "gpu", {{"data.seq_len": 32768}}),
+    run("gpuhuge", "gpu", {{"data.seq_len": 131072}}),
   ], compute={{"tpu": {{"accelerators": "tpu-v5e-16", "use_spot": True}},
               "gpu": {{"accelerators": "H100:8", "num_nodes": 2}}}})
 """  # batch 16: one row per device of the 16-chip slice and of the 16 GPUs
@@ -325,7 +325,7 @@ def test_sky_refuses_placeholders_bad_configs_and_runs_that_do_not_fit(sky_mini,
     out = _launch(sky_mini, *common, "--only", name, env=env)
     assert out.returncode == 2 and out.stderr.startswith(start), (name, out.stderr)
     assert len(out.stderr.strip().splitlines()) == 1 and "Trace" not in out.stderr
-  assert "over the 15.75 GiB HBM" in out.stderr or not _libtpu()
+  assert "over the 15.75 GiB usable" in out.stderr or not _libtpu()
   real = {k: v for k, v in env.items() if k != "MOEJAX_CALIBRATION_DATA"}
   out = _launch("experiments/calibration/sweep_tpu.py", *common, env=real)
   assert out.returncode == 2 and "placeholder 'YOUR_BUCKET'" in out.stderr, out.stderr
@@ -423,13 +423,16 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
 
 @FULL
 def test_sky_refuses_a_gpu_run_that_does_not_fit(sky_mini, tmp_path):
-  """32768-token sequences with XLA attention: the L x L scores per device, over 59.33 GiB."""
+  """131072-token sequences with XLA attention: the L x L scores per device, over 59.33 GiB."""
   if not _cuda():
     pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
   env = _fake_sky(tmp_path, tmp_path / "calls.jsonl")
   out = _launch(sky_mini, "--backend", "sky", "--dry-run", "--root", "gs://bkt/runs",
                 "--out", str(tmp_path), "--only", "gpuhuge", env=env)  # fmt: skip
   assert out.returncode == 2, out.stderr
-  assert out.stderr.startswith("error: run gpuhuge: the train step needs "), out.stderr
-  assert "on H100:8 (h100:2x8; temporaries" in out.stderr and "over the 59.33 GiB" in out.stderr
-  assert len(out.stderr.strip().splitlines()) == 1
+  # XLA:GPU's own C++ warnings (deviceless sort data, rematerialization) may come first; the
+  # precheck's refusal is the one `error:` line, and the last
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and out.stderr.strip().splitlines()[-1] == errors[0], out.stderr
+  assert errors[0].startswith("error: run gpuhuge: the train step needs "), out.stderr
+  assert "on H100:8 (h100:2x8; temporaries" in errors[0] and "over the 59.33 GiB" in errors[0]
