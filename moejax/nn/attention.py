@@ -108,6 +108,16 @@ def _splash_local(q_BxHxLxK, k_BxGxLxK, v_BxGxLxK):
   )
 
 
+def _per_device(fn, batch: int):
+  """`fn(q, k, v)` per device in a shard_map over the batch axes of the context mesh (a
+  Pallas kernel is opaque to GSPMD); `fn` itself when there is no mesh or no batch axis."""
+  axes = sharding.batch_axes(batch)
+  if not axes:
+    return fn
+  spec = jax.sharding.PartitionSpec(axes)
+  return jax.shard_map(fn, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+
+
 def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array) -> jax.Array:
   """Causal GQA through the splash kernel (q pre-scaled by K^-1/2: the kernel does not
   scale). A Pallas call is opaque to GSPMD, so under a context mesh (`jax.set_mesh`) it
@@ -117,12 +127,7 @@ def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.
   splash_block(L)
   q = jnp.swapaxes(q_BxLxHxK * jnp.asarray(K**-0.5, q_BxLxHxK.dtype), 1, 2)
   k, v = jnp.swapaxes(k_BxLxGxK, 1, 2), jnp.swapaxes(v_BxLxGxK, 1, 2)
-  axes = sharding.batch_axes(B)
-  fn = _splash_local
-  if axes:
-    spec = jax.sharding.PartitionSpec(axes)
-    fn = jax.shard_map(fn, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-  return jnp.swapaxes(fn(q, k, v), 1, 2).astype(q_BxLxHxK.dtype)
+  return jnp.swapaxes(_per_device(_splash_local, B)(q, k, v), 1, 2).astype(q_BxLxHxK.dtype)
 
 
 def _tokamax_context(impls: tuple[str, ...]):
@@ -170,10 +175,7 @@ def tokamax_attention(
 ) -> jax.Array:
   """Causal GQA through tokamax's flash attention (it groups the kv heads itself, as HF's
   `repeat_kv`), per device in a shard_map under a context mesh."""
-  fn, axes = _tokamax_local, sharding.batch_axes(q_BxLxHxK.shape[0])
-  if axes:
-    spec = jax.sharding.PartitionSpec(axes)
-    fn = jax.shard_map(fn, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+  fn = _per_device(_tokamax_local, q_BxLxHxK.shape[0])
   return fn(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK).astype(q_BxLxHxK.dtype)
 
 
