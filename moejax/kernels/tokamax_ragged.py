@@ -91,13 +91,19 @@ def flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
+def cross_compile(impls: tuple[str, ...]):
+  """The context a tokamax call is traced in: its flags parsed, and its "is a GPU present"
+  checks off unless `impls` is the CPU list (a GPU or TPU branch is only lowered here)."""
+  flags_parsed()
+  return tokamax.config.cross_compile(impls != IMPLEMENTATIONS["default"])
+
+
 def _dot(lhs, rhs, counts_E, dims, impls: tuple[str, ...], out_dtype) -> jax.Array:
   """One ragged dot in tokamax, written in `out_dtype`. Every implementation accumulates in
   float32 whatever the output dtype (the Triton and Mosaic kernels' accumulators are f32;
   "xla" asks ragged_dot for f32 and casts), so a bf16 output costs no precision in the sum
   and halves the buffer an f32 output would need."""
-  flags_parsed()
-  with tokamax.config.cross_compile(impls != IMPLEMENTATIONS["default"]):
+  with cross_compile(impls):
     out = tokamax.ragged_dot_general(
       lhs,
       rhs,

@@ -130,11 +130,6 @@ def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.
   return jnp.swapaxes(_per_device(_splash_local, B)(q, k, v), 1, 2).astype(q_BxLxHxK.dtype)
 
 
-def _tokamax_context(impls: tuple[str, ...]):
-  tokamax_ragged.flags_parsed()
-  return tokamax.config.cross_compile(impls != tokamax_ragged.IMPLEMENTATIONS["default"])
-
-
 def _tokamax_call(q, k, v, impls):
   return tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=impls)
 
@@ -143,17 +138,17 @@ def _tokamax_call(q, k, v, impls):
 def _tokamax_attend(q, k, v, impls: tuple[str, ...]):
   """tokamax's attention and its own VJP, each traced with its GPU checks off (a backward
   pass is traced after the forward's context has closed)."""
-  with _tokamax_context(impls):
+  with tokamax_ragged.cross_compile(impls):
     return _tokamax_call(q, k, v, impls)
 
 
 def _tokamax_fwd(q, k, v, impls):
-  with _tokamax_context(impls):
+  with tokamax_ragged.cross_compile(impls):
     return jax.vjp(functools.partial(_tokamax_call, impls=impls), q, k, v)
 
 
 def _tokamax_bwd(impls, vjp, do):
-  with _tokamax_context(impls):
+  with tokamax_ragged.cross_compile(impls):
     return vjp(do)
 
 
