@@ -36,13 +36,28 @@ class CorpusInfo:
     return dataclasses.asdict(self)
 
 
+class CorpusHash:
+  """sha256 over (name, content) pairs, length-prefixed so boundaries matter, fed one doc at
+  a time (moejax.prepare streams a corpus through it; a `files` corpus's names are '')."""
+
+  def __init__(self):
+    self._h, self.n_docs, self.n_bytes = hashlib.sha256(), 0, 0
+
+  def add(self, name: str, doc: str) -> None:
+    data = doc.encode("utf-8")
+    for part in (name.encode("utf-8"), data):
+      self._h.update(len(part).to_bytes(8, "little"))
+      self._h.update(part)
+    self.n_docs, self.n_bytes = self.n_docs + 1, self.n_bytes + len(data)
+
+  def hexdigest(self) -> str:
+    return self._h.hexdigest()
+
+
 def _sha256(names: Sequence[str], docs: Sequence[str]) -> str:
-  """Hash over (name, content) pairs, length-prefixed so boundaries matter."""
-  h = hashlib.sha256()
+  h = CorpusHash()
   for name, doc in zip(names, docs, strict=True):
-    for part in (name.encode("utf-8"), doc.encode("utf-8")):
-      h.update(len(part).to_bytes(8, "little"))
-      h.update(part)
+    h.add(name, doc)
   return h.hexdigest()
 
 

@@ -90,23 +90,6 @@ def iter_docs(data_cfg: Any) -> Iterator[str]:
         return
 
 
-class _CorpusHash:
-  """corpora's (name, content) hash, fed one doc at a time (a `files` corpus's names are '')."""
-
-  def __init__(self):
-    self._h, self.n_docs, self.n_bytes = hashlib.sha256(), 0, 0
-
-  def add(self, name: str, doc: str) -> None:
-    data = doc.encode("utf-8")
-    for part in (name.encode("utf-8"), data):
-      self._h.update(len(part).to_bytes(8, "little"))
-      self._h.update(part)
-    self.n_docs, self.n_bytes = self.n_docs + 1, self.n_bytes + len(data)
-
-  def hexdigest(self) -> str:
-    return self._h.hexdigest()
-
-
 class Sample:
   """The train docs of smallest keyed hash whose total size fits `budget` bytes: a seeded
   sample independent of corpus order, in bounded memory (the largest hash is evicted
@@ -152,7 +135,7 @@ def scan(data_cfg: Any, want_sample: bool) -> Scan:
   """One pass over the corpus (see the module docstring)."""
   frac, seed = data_cfg["holdout_fraction"], data_cfg["split_seed"]
   sample = Sample(data_cfg["bpe_sample_bytes"], seed)
-  hasher, u = _CorpusHash(), []
+  hasher, u = corpora.CorpusHash(), []
   builtin = corpora.load_corpus(data_cfg) if data_cfg["corpus"] != "files" else None
   for i, doc in enumerate(builtin[0] if builtin else iter_docs(data_cfg)):
     u.append(doc_u(doc, seed))
