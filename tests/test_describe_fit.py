@@ -211,18 +211,41 @@ StackFrames
   ROOT %t = (s32[]) tuple(%x)
 }
 
+%tpu_cond (p: (u32[])) -> pred[] {
+  %n = u32[]{:T(128)} constant(8)
+  %p = (u32[]) parameter(0)
+  %i = u32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
+}
+
+%wide.windowed_dot_general_body_ag (p: (u32[])) -> (u32[]) {
+  %d = f32[8,8]{1,0} convolution(%a, %a)
+  %cp = f32[8,8]{1,0} collective-permute(%d), source_target_pairs={{0,1},{1,0}}
+  ROOT %t = (u32[]) tuple(%x)
+}
+
 ENTRY %main (a: s32[]) -> (s32[]) {
   %w0 = (s32[]) while(%t), condition=%c0, body=%outer_body, backend_config={"known_trip_count":{"n":"4"}}
+  %mosaic = f32[8] custom-call(%a), custom_call_target="tpu_custom_call", backend_config={"custom_call_config": {"body": "a kernel",
+"xprof_metadata":"{\\"block_q\\": 512}"
+}}, metadata={op_name="a/pallas_call"}
+  %w1 = (u32[]) while(%t), condition=%tpu_cond, body=%wide.windowed_dot_general_body_ag
 }
 """
 
 
 def test_loop_report_reads_trip_counts_sources_and_bodies():
-  outer, inner = aot.loops.report_text(HLO)
+  """Including a loop after a custom call whose config spans lines (one starts with `}}`, as
+  a Mosaic kernel's does), with its count from its condition, as XLA:TPU writes it."""
+  outer, windowed, inner = aot.loops.report_text(HLO)
+  assert (windowed.trip, windowed.bound, windowed.trips, windowed.grows) == (None, 8, 8, False)
+  assert (windowed.body.matmuls, windowed.body.collectives) == (1, 1)
+  assert "windowed einsum" in windowed.what
   assert (outer.trip, outer.depth, outer.grows) == (4, 0, False)
   assert (outer.body.matmuls, outer.body.kernels) == (1, 1)  # the nested loop is its own
   assert (inner.trip, inner.depth, inner.grows) == (None, 1, True)
   assert inner.source == "fwd kernels/fused.py:71 run"
   assert inner.body.custom == (("__gpu$xla.gpu.triton", 1),) and inner.body.matmuls == 0
-  text = "\n".join(aot.format_loops((outer, inner)))
-  assert "2; 1 dispatch block loops (trips grow with rows), 1 fixed, 0 unannotated" in text
+  text = "\n".join(aot.format_loops((outer, windowed, inner)))
+  assert "3; 1 dispatch block loops (trips grow with rows), 2 fixed, 0 unannotated" in text
+  assert "[trips: 8 (cond)]" in text and "[trips: 4, nested" not in text

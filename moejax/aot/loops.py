@@ -8,6 +8,10 @@ data-dependent loops are the block loops (`kernels/grouped.py`: `fori_loop(0, n_
 the used blocks of a plan), whose trips grow with the rows per device (T·K / block + E at
 most), so `Loop.grows` is "a kernels/ loop whose trip count is not a constant". Fixed loops (a searchsorted's
 bisection, the micro-batch scan, an RNG's rounds) keep their count whatever the batch.
+XLA:TPU writes no known_trip_count; where a loop's condition compares its counter with a
+constant (`compare(counter, constant(N)), direction=LT`, as XLA's windowed einsums and
+jax's loops write it), N is its `bound`: the trips, the counter starting at 0 and stepping
+by 1.
 
 Each loop's body is summarized by what runs per iteration: matmuls (dots, GEMM fusions and
 library GEMM calls), collectives, custom calls by target (Pallas/Mosaic/Triton kernels,
@@ -86,14 +90,20 @@ class Loop(NamedTuple):
   depth: int  # 0: outside every loop
   source: str  # the JAX op that made it (op_name, shortened)
   body: Body
+  bound: int | None = None  # the constant its condition compares the counter with
+  what: str = ""  # what XLA or jax made it for, where its names say (`_what`)
+
+  @property
+  def trips(self) -> int | None:
+    """The compile-time trip count: XLA's annotation, else the condition's constant."""
+    return self.trip if self.trip is not None else self.bound
 
   @property
   def grows(self) -> bool:
     """A dispatch kernel's loop (`kernels/`) whose trip count is not a compile-time constant:
     a block loop, whose trips grow with the rows per device. Other loops without a count
-    in the HLO (XLA:TPU annotates none; its windowed FSDP matmuls loop over the shards) are
-    reported as unannotated."""
-    return self.trip is None and self.source.split(" ", 1)[-1].startswith("kernels/")
+    and no constant bound are reported as unannotated."""
+    return self.trips is None and self.source.split(" ", 1)[-1].startswith("kernels/")
 
 
 class _Instr(NamedTuple):
@@ -103,6 +113,10 @@ class _Instr(NamedTuple):
 
 
 def _computations(hlo: str) -> dict[str, list[_Instr]]:
+  """{computation: its instructions}. A computation ends at a line that is only `}`; an
+  instruction may span lines (a Mosaic/Pallas custom call prints its backend config with
+  newlines, and a continuation line can start with `}}`), so a line that starts no
+  instruction is joined to the one before it."""
   comps: dict[str, list[_Instr]] = {}
   current = None
   for line in hlo.splitlines():
@@ -111,13 +125,16 @@ def _computations(hlo: str) -> dict[str, list[_Instr]]:
       if m:
         current = comps.setdefault(m.group(1), [])
       continue
-    if line.startswith("}"):
+    if line.rstrip() == "}":
       current = None
       continue
     m = _INSTR.match(line)
     if m:
       op = _OPCODE.search(m.group(2))
       current.append(_Instr(m.group(1), op.group(1) if op else "", line))
+    elif current:
+      last = current[-1]
+      current[-1] = last._replace(line=f"{last.line} {line.strip()}")
   return comps
 
 
@@ -214,6 +231,38 @@ def _source(line: str, tables) -> str:
   return f"{side} {m.group(1)[-60:] if m else 'while'}"
 
 
+_OPERANDS = re.compile(r"\bcompare\(%?([\w.\-]+), %?([\w.\-]+)\)")
+_CONSTANT = re.compile(r"\bconstant\((\d+)\)")
+
+
+def _bound(cond: str, comps) -> int | None:
+  """N where the condition's root is `compare(counter, constant(N)), direction=LT`."""
+  instrs = comps.get(cond, [])
+  root = next((i for i in instrs if i.line.lstrip().startswith("ROOT")), None)
+  m = _OPERANDS.search(root.line) if root and root.opcode == "compare" else None
+  if not m or "direction=LT" not in root.line:
+    return None
+  const = next((i for i in instrs if i.name == m.group(2) and i.opcode == "constant"), None)
+  value = _CONSTANT.search(const.line) if const else None
+  return int(value.group(1)) if value else None
+
+
+_WHAT = (  # (pattern in the body's name or the while's op_name, what it is)
+  (
+    "windowed_dot_general",
+    "XLA's windowed einsum (FSDP gather/scatter overlapped, a shard a trip)",
+  ),
+  ("searchsorted", "a searchsorted's bisection"),
+  ("rng_bit_generator|threefry", "an RNG's rounds"),
+)
+
+
+def _what(body: str, line: str) -> str:
+  op = _OP_NAME.search(line)
+  text = f"{body} {op.group(1) if op else ''}"
+  return next((what for pattern, what in _WHAT if re.search(pattern, text)), "")
+
+
 def report_text(hlo: str) -> tuple[Loop, ...]:
   """Every while loop of an optimized HLO module's text, outermost first."""
   comps = _computations(hlo)
@@ -233,6 +282,8 @@ def report_text(hlo: str) -> tuple[Loop, ...]:
         body = _BODY.search(instr.line)
         trip = _TRIP.search(instr.line)
         name = body.group(1) if body else ""
+        cond = _COND.search(instr.line)
+        cond = cond.group(1) if cond else ""
         out.append(
           Loop(
             instr.name,
@@ -240,11 +291,12 @@ def report_text(hlo: str) -> tuple[Loop, ...]:
             depth,
             _source(instr.line, tables),
             _body(name, comps),
+            _bound(cond, comps),
+            _what(name, instr.line),
           )
         )
         stack.append((name, depth + 1))
-        cond = _COND.search(instr.line)
-        seen.add(cond.group(1) if cond else "")
+        seen.add(cond)
       else:  # conditionals, calls, async wrappers, custom calls with called computations
         stack += [(c, depth) for c in _callees(instr)]
   return tuple(out)
@@ -256,21 +308,26 @@ def report(compiled) -> tuple[Loop, ...]:
 
 
 def format_loops(loops: tuple[Loop, ...], indent: str = "  ") -> list[str]:
-  """Lines: the count, then the loops grouped by (grows, trip, source, body), largest first."""
+  """Lines: the count, then the loops grouped by (grows, trips, source, body), largest first."""
   if not loops:
     return [f"{indent}while loops: none in the compiled program"]
   grows = [lp for lp in loops if lp.grows]
-  fixed = [lp for lp in loops if lp.trip is not None]
+  fixed = [lp for lp in loops if lp.trips is not None]
+  unannotated = len(loops) - len(grows) - len(fixed)
   lines = [
     f"{indent}while loops: {len(loops)}; {len(grows)} dispatch block loops (trips grow with "
-    f"rows), {len(fixed)} fixed, {len(loops) - len(grows) - len(fixed)} unannotated"
+    + f"rows), {len(fixed)} fixed, {unannotated} unannotated"
   ]
-  groups = collections.Counter((lp.grows, lp.trip, lp.depth, lp.source, lp.body) for lp in loops)
-  for (grow, trip, depth, source, body), n in sorted(
-    groups.items(), key=lambda kv: (not kv[0][0], -kv[1], kv[0][3])
+  groups = collections.Counter(
+    (lp.grows, lp.trips, lp.trip is None, lp.depth, lp.source, lp.body, lp.what) for lp in loops
+  )
+  for (grow, trips, from_cond, depth, source, body, what), n in sorted(
+    groups.items(), key=lambda kv: (not kv[0][0], -kv[1], kv[0][4])
   ):
-    trips = "trips: data" if grow else f"trips: {trip}" if trip is not None else "trips: ?"
+    count = "data" if grow else "?" if trips is None else f"{trips}{' (cond)' * from_cond}"
     nest = f", nested {depth}" if depth else ""
-    lines.append(f"{indent}  {n:4d} x [{trips}{nest}] {source}")
+    lines.append(f"{indent}  {n:4d} x [trips: {count}{nest}] {source}")
+    if what:
+      lines.append(f"{indent}         {what}")
     lines.append(f"{indent}         per trip: {body.text()}")
   return lines
