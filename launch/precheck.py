@@ -21,6 +21,11 @@ or router state), as do shapes, dtypes, dispatch mode and impl, remat, attention
 batch, the losses and the accelerator. Measured on v5e:4x4 (README "Cloud"): factor B's
 eight rules at the TPU preset span 0.03 GiB of 15.75. Distinct programs compile in parallel
 worker processes (`workers`); `per_run=True` compiles every run on its own.
+
+Each compile's answer is kept in an `aot.cache.Store` (`cache_dir`), keyed by the lowered
+program's text, the target and the compilers, so the launch after a dry run, or a second
+dry run, lowers every program and compiles only those it has not compiled before
+(`fresh=True`: all of them again).
 """
 
 from __future__ import annotations
@@ -112,19 +117,23 @@ def memory_signature(c: ml_collections.ConfigDict) -> str:
   return json.dumps(d, sort_keys=True, default=str)
 
 
-def check_fit(label: str, c: ml_collections.ConfigDict, accelerators: str, num_nodes: int):
+def check_fit(
+  label: str, c: ml_collections.ConfigDict, accelerators: str, num_nodes: int, store=None
+):
   """The one line describing the program of run `label` on its accelerator; raises a
-  UserError naming the run when it does not compile, lower or fit."""
+  UserError naming the run when it does not compile, lower or fit. `store`: an
+  `aot.cache.Store` of earlier compiles (None: compile)."""
   from moejax import aot  # pylint: disable=import-outside-toplevel
 
   topology = aot.topology_of_accelerator(accelerators)
   if topology is not None:
     if not aot.libtpu_available():
       return f"not checked: no libtpu here ({aot.TPU_INSTALL}) to compile for {topology}"
-    return _fit_line(label, c, accelerators, aot.tpu_target(topology), f"--topology {topology}")
+    target, flag = aot.tpu_target(topology), f"--topology {topology}"
+    return _fit_line(label, c, accelerators, target, flag, store)
   gpu = aot.gpu_of_accelerator(accelerators, num_nodes)
   if gpu is not None and aot.cuda_available():
-    return _fit_line(label, c, accelerators, aot.gpu_target(gpu), f"--gpu {gpu}")
+    return _fit_line(label, c, accelerators, aot.gpu_target(gpu), f"--gpu {gpu}", store)
   gpus = _gpu_count(accelerators) * num_nodes
   try:
     aot.export_gpu(c, gpus)
@@ -145,10 +154,10 @@ def _sky_gpus(aot) -> list[str]:
   return [g.sky[0] for g in aot.GPUS.values()]
 
 
-def _fit_line(label, c, accelerators, target, flag) -> str:
+def _fit_line(label, c, accelerators, target, flag, store) -> str:
   from moejax import aot  # pylint: disable=import-outside-toplevel
 
-  fp = aot.footprint(c, target, f"run {label}")
+  fp = aot.footprint(c, target, f"run {label}", store)
   need, have = fp.total / 2**30, target.hbm_bytes / 2**30
   if not fp.fits:
     raise UserError(
@@ -158,7 +167,10 @@ def _fit_line(label, c, accelerators, target, flag) -> str:
     )
   grows = sum(lp.grows for lp in fp.loops)
   loops = f", {len(fp.loops)} while loops ({grows} grow with rows)" if fp.loops else ""
-  return f"fits {target.name}: {need:.2f} of {have:.2f} GiB per device (impl {fp.impl}{loops})"
+  cached = "; compiled before, read from the cache" if fp.cached else ""
+  return (
+    f"fits {target.name}: {need:.2f} of {have:.2f} GiB per device (impl {fp.impl}{loops}){cached}"
+  )
 
 
 def _gpu_count(accelerators: str) -> int:
@@ -172,10 +184,13 @@ def _gpu_count(accelerators: str) -> int:
 
 def _check(job: tuple) -> tuple[bool, str]:
   """(ok, line or error message) of one program; runs in a worker process."""
-  label, config_dict, accelerators, num_nodes = job
+  from moejax.aot import cache  # pylint: disable=import-outside-toplevel
+
+  label, config_dict, accelerators, num_nodes, (cache_dir, read) = job
   c = ml_collections.ConfigDict(config_dict)
+  store = cache.Store(cache_dir, read) if cache_dir is not None else None
   try:
-    return True, check_fit(label, c, accelerators, num_nodes)
+    return True, check_fit(label, c, accelerators, num_nodes, store)
   except UserError as e:
     return False, str(e)
 
@@ -192,10 +207,14 @@ def check_runs(
   log: Callable[[str], None] = print,
   workers: int = 0,
   per_run: bool = False,
+  cache_dir: str | None = "",
+  fresh: bool = False,
 ) -> None:
   """Every run's placeholders, then its program on its accelerator: one compile per memory
   signature (`per_run`: per run), distinct ones in `workers` processes (0: one per core).
-  Raises a one-line UserError for the first run refused, in the sweep's order."""
+  Compiled answers are kept in `cache_dir` (an `aot.cache.Store`; "": its default
+  directory; None: none) and read from it unless `fresh`. Raises a one-line UserError for
+  the first run refused, in the sweep's order."""
   configs = {}
   for run in runs:
     try:
@@ -211,7 +230,8 @@ def check_runs(
     key = (compute.accelerators, compute.num_nodes, program)
     key_of[run.name] = key
     if key not in jobs:
-      jobs[key] = (run.name, c.to_dict(), compute.accelerators, compute.num_nodes)
+      store = (cache_dir, not fresh)
+      jobs[key] = (run.name, c.to_dict(), compute.accelerators, compute.num_nodes, store)
   results = _run_jobs(jobs, workers or default_workers(len(jobs)), log)
   shared = {k: sum(1 for v in key_of.values() if v == k) for k in jobs}
   for run in runs:
@@ -230,7 +250,7 @@ def _run_jobs(jobs: dict, workers: int, log: Callable[[str], None] = print) -> d
 
   def done(key, result):
     out[key] = result
-    log(f"compiled {len(out)}/{len(jobs)}: {jobs[key][0]} ({time.monotonic() - start:.0f} s)")
+    log(f"program {len(out)}/{len(jobs)} done: {jobs[key][0]} ({time.monotonic() - start:.0f} s)")
 
   if workers <= 1 or len(jobs) <= 1:
     for key, job in jobs.items():

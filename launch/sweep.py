@@ -44,6 +44,17 @@ def parser() -> argparse.ArgumentParser:
     action="store_true",
     help="sky: compile every run's program, not one per memory signature (launch/precheck.py)",
   )
+  p.add_argument(
+    "--precheck-cache",
+    default="",
+    help="sky: folder keeping the precheck's compiled answers, keyed by the lowered program, "
+    "target and compilers (default: $MOEJAX_AOT_CACHE, else ~/.cache/moejax/aot; 'none': off)",
+  )
+  p.add_argument(
+    "--precheck-fresh",
+    action="store_true",
+    help="sky: compile every program again, replacing what --precheck-cache holds",
+  )
   return p
 
 
@@ -85,6 +96,8 @@ def run_sky(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
     lambda r: sky.compute_for(sweep, r, args.accelerators, args.use_spot),
     workers=args.precheck_workers,
     per_run=args.precheck_per_run,
+    cache_dir=None if args.precheck_cache == "none" else args.precheck_cache,
+    fresh=args.precheck_fresh,
   )
   if args.dry_run:
     for task in sky.validate(exe, [a[-1] for a in argvs]):

@@ -273,3 +273,44 @@ def test_gpu_dropless_default_is_not_dense(gpu):
     temps[impl] = aot.footprint(_expansion_case(impl), gpu, impl).temporaries
   assert temps["auto"] <= EXPANSION * temps["fused"], temps
   assert temps["ragged"] > EXPANSION * temps["fused"], temps  # the check can fail
+
+
+def test_megablox_tiles_stay_within_the_vmem_budget():
+  """Hand-worked: tgmm at (512, 1024, 1024) in bf16 is 2·(1024·512 + 512·1024)·2 B of inputs
+  plus 3·1024·1024·4 B of f32 accumulator and output: 16 MiB (the TPU compiler refused it at
+  17.02 of 16 MiB), so its n tile halves; the forward at the same tiles (12 MiB) and the
+  TPU preset's shapes (gate+up N = 512) keep theirs."""
+  from moejax.kernels import megablox  # pylint: disable=import-outside-toplevel
+
+  assert megablox.vmem_bytes((512, 1024, 1024), 2, transposed=True) == 16 << 20
+  assert megablox.vmem_bytes((512, 1024, 1024), 2) == 12 << 20
+  assert megablox.tiling(512, 1024, 1024, 2, transposed=True) == (512, 1024, 512)
+  assert megablox.tiling(512, 1024, 1024, 2) == (512, 1024, 1024)
+  assert megablox.tiling(512, 1024, 512, 2, transposed=True) == (512, 1024, 512)
+
+
+@pytest.mark.full
+def test_megablox_compiles_at_the_tpu_sweeps_widest_experts(tpu):
+  """Factor D of sweep_tpu.py per v5e chip: 16,384 tokens x K 4 = 65,536 rows over E = 32
+  (m tile 512), d_model 1024, d_expert 512 (gate and up one gmm with N = 1024), forward and
+  backward. Before the VMEM budget its tgmm needed 17.02 MiB of the 16 MiB scoped VMEM and
+  did not compile (the same tiles fit at 16,384 rows: the kernel's scoped VMEM grows with
+  its grid too, which `vmem_bytes` leaves to the budget's slack)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import SingleDeviceSharding  # pylint: disable=import-outside-toplevel
+
+  from moejax.kernels import megablox, plans  # pylint: disable=import-outside-toplevel
+
+  M, D, F, E = 65536, 1024, 512, 32
+  s = SingleDeviceSharding(tpu.devices[0])
+  sds = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+
+  def loss(x, wg, wu, wd, counts):
+    ex = plans.ExpertWeights(wg, wu, wd)
+    y = megablox.swiglu(x, ex, counts, megablox.m_tile(M, E), False)
+    return jnp.sum(y.astype(jnp.float32))
+
+  args = (sds((M, D)), sds((E, D, F)), sds((E, D, F)), sds((E, F, D)), sds((E,), jnp.int32))
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(*args).compile()
+  assert compiled.as_text().count("tgmm") >= 2  # dW of gate+up and of down, in Mosaic

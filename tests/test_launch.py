@@ -2,6 +2,7 @@
 (YAML validated by SkyPilot's own parser in its own environment; a fake `sky` records jobs)."""
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -19,7 +21,8 @@ from launch import commands, local, sky, spec
 from moejax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": REPO, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+ENV = {**os.environ, "PYTHONPATH": REPO, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu",
+       "MOEJAX_AOT_CACHE": tempfile.mkdtemp(prefix="moejax-aot-")}  # fmt: skip
 TINY = {  # d_model 32, 2 layers, E 4, 4 steps, 4 eval sequences
   "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1,
   "model.d_ff": 64, "model.moe.n_experts": 4, "model.moe.top_k": 2, "model.moe.d_expert": 32,
@@ -261,8 +264,9 @@ def test_sky_dry_run_yaml_passes_skypilots_parser(sky_mini, tmp_path):
     pytest.skip("no SkyPilot env (.sky-venv); .ci/run builds it")
   s = spec.load(sky_mini)
   env = {**ENV, "WANDB_API_KEY": "key-value-never-written"}
-  out = _launch(sky_mini, "--backend", "sky", "--dry-run", "--root", "gs://bkt/runs",
-                "--only", "tpu-0,tpu-1,gpu", "--out", str(tmp_path), env=env)  # fmt: skip
+  dry = ("--backend", "sky", "--dry-run", "--root", "gs://bkt/runs", "--only", "tpu-0,tpu-1,gpu",
+         "--out", str(tmp_path), "--precheck-cache", f"{tmp_path}-aot")  # fmt: skip
+  out = _launch(sky_mini, *dry, env=env)
   assert out.returncode == 0, out.stderr
   assert len(re.findall(r"^valid: .*\.yaml", out.stdout, re.MULTILINE)) == 3
   assert "tpu-v5e-16" in out.stdout and "Spot" in out.stdout
@@ -273,6 +277,13 @@ def test_sky_dry_run_yaml_passes_skypilots_parser(sky_mini, tmp_path):
     assert checked["gpu"].startswith("lowers for cuda on 16 GPUs; memory not checked: no GPU")
   if _libtpu():  # the two seeds are one program, compiled once for the v5e-16 slice
     assert checked["tpu-0"].startswith("fits v5e:4x4: ") and checked["tpu-1"] == checked["tpu-0"]
+  again = _launch(sky_mini, *dry, env=env)
+  assert again.returncode == 0, again.stderr
+  rechecked = dict(re.findall(r"^checked: ([\w-]+): (.*)$", again.stdout, re.MULTILINE))
+  compiled = [n for n, has in (("tpu-0", _libtpu()), ("gpu", _cuda())) if has]
+  for name in compiled:  # a second dry run reads what the first compiled (same bytes)
+    first = checked[name].split("; compiled before")[0].split("; one compile")[0]
+    assert rechecked[name].startswith(first + "; compiled before, read from the cache"), name
   for run in s.runs[:3]:
     task = yaml.safe_load(_read(tmp_path / f"{run.name}.yaml"))
     workdir = f"gs://bkt/runs/skymini/{run.name}"
@@ -391,8 +402,9 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
 
   calls = []
 
-  def fake_fit(label, c, accelerators, num_nodes):
+  def fake_fit(label, c, accelerators, num_nodes, store):
     calls.append(label)
+    assert store is None  # check_runs(cache_dir=None)
     if c.data.batch_size == 64:
       raise UserError(f"run {label}: the train step needs 99.00 GiB")
     return f"fits {accelerators}"
@@ -404,21 +416,22 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
     spec.RunSpec("b", "configs/quickstart.py", {"model.moe.top_k": 1}, {}, compute="x"),
   ]
   sweep = spec.Sweep("s", runs, compute={"x": {"accelerators": "H100:8"}})
-  compute = lambda r: sky.compute_for(sweep, r, "", False)  # noqa: E731
+  compute = lambda r: sky.compute_for(sweep, r, "", False)
   lines = []
-  precheck.check_runs(sweep, runs, compute, lines.append, workers=1)
+  check = functools.partial(precheck.check_runs, cache_dir=None, workers=1)
+  check(sweep, runs, compute, lines.append)
   assert calls == ["a0", "b"]  # a1 is a0's program
-  assert [line.split(" (")[0] for line in lines[:2]] == ["compiled 1/2: a0", "compiled 2/2: b"]
+  assert [line.split(" (")[0] for line in lines[:2]] == ["program 1/2 done: a0", "program 2/2 done: b"]
   assert lines[2:4] == [f"checked: a{i}: fits H100:8; one compile for 2 runs" for i in (0, 1)]
   calls.clear()
-  precheck.check_runs(sweep, runs, compute, lines.append, workers=1, per_run=True)
+  check(sweep, runs, compute, lines.append, per_run=True)
   assert calls == ["a0", "a1", "b"]
   big = [
     *runs,
     spec.RunSpec("big", "configs/quickstart.py", {"data.batch_size": 64}, {}, compute="x"),
   ]
   with pytest.raises(UserError, match="^run big: the train step needs 99.00 GiB$"):
-    precheck.check_runs(spec.Sweep("s", big, sweep.compute), big, compute, lines.append, workers=1)
+    check(spec.Sweep("s", big, sweep.compute), big, compute, lines.append)
 
 
 @FULL

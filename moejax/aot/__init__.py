@@ -7,6 +7,8 @@
   step, the k-grid's forward; `footprint` compiles the step and sizes it.
 * `memory`: per-device bytes (`Footprint`): the state exact from its shardings, the rest
   the compiler's `memory_analysis()`, and the fit.
+* `cache`: compiled answers on disk, keyed by the lowered program, target and compilers
+  (the sweep precheck's: a dry run and its launch compile once).
 * `loops`: the compiled program's while loops, their trip counts and what each iteration
   runs (`describe` prints them).
 
@@ -16,7 +18,7 @@ fusions, collectives, cuDNN). Neither exposes an estimated step time for a devic
 compile (`cost_analysis()` is None on GPU), so nothing here is timed.
 """
 
-from moejax.aot import loops  # noqa: F401
+from moejax.aot import cache, loops  # noqa: F401
 from moejax.aot.loops import Loop, format_loops  # noqa: F401
 from moejax.aot.memory import Footprint, device_bytes, parse_oom  # noqa: F401
 from moejax.aot.programs import (  # noqa: F401

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax import build, sharding
 from moejax import config as config_lib
-from moejax.aot import loops, memory
+from moejax.aot import cache, loops, memory
 from moejax.aot.targets import Target
 from moejax.errors import UserError
 from moejax.kernels import dispatch
@@ -115,25 +115,44 @@ def _footprint(c, target: Target, abstract: Abstract, **fields) -> memory.Footpr
   )
 
 
-def footprint(c: ml_collections.ConfigDict, target: Target, label: str = "") -> memory.Footprint:
-  """Compiles the train step for `target` and sizes it per device. A TPU refusal for HBM is
-  a Footprint that does not fit; any other compile error is a UserError naming the target."""
-  abstract = abstract_run(c, target)
+def _compiled(lowered, abstract: Abstract) -> dict:
+  """The compiler's answer (`cache.FIELDS` and `loops`): its memory analysis and while
+  loops, or the TPU compiler's refusal for HBM (temporaries from its message)."""
   try:
-    lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
     compiled = lowered.compile()
   except Exception as e:
     parsed = memory.parse_oom(str(e))
     if parsed is None:
-      raise UserError(f"{label or 'config'}: the train step does not compile for "
-                      f"{target.name}: {type(e).__name__}: {memory.first_line(e)}") from e  # fmt: skip
+      raise
     args = memory.device_bytes((abstract.run.state, abstract.tokens, abstract.rng))
-    return _footprint(
-      c, target, abstract, arguments=args, outputs=0, aliased=0, temporaries=parsed[0],
-      code=0, refused=True,
-    )  # fmt: skip
+    zero = dict.fromkeys(("outputs", "aliased", "code"), 0)
+    return {**zero, "arguments": args, "temporaries": parsed[0], "refused": True, "loops": ()}
   ma = memory.analysis(compiled.memory_analysis())
-  return _footprint(c, target, abstract, **ma, refused=False, loops=loops.report(compiled))
+  return {**ma, "refused": False, "loops": loops.report(compiled)}
+
+
+def footprint(
+  c: ml_collections.ConfigDict,
+  target: Target,
+  label: str = "",
+  store: cache.Store | None = None,
+) -> memory.Footprint:
+  """Compiles the train step for `target` and sizes it per device. A TPU refusal for HBM is
+  a Footprint that does not fit; any other compile error is a UserError naming the target.
+  With a `store`, a program compiled before (the same lowered text, target and compilers)
+  is read from it instead (`Footprint.cached`), and a new answer is written to it."""
+  abstract = abstract_run(c, target)
+  try:
+    lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
+    k = cache.key(lowered.as_text(), target) if store else ""
+    hit = store.load(k) if store else None
+    answer = hit or _compiled(lowered, abstract)
+  except Exception as e:
+    raise UserError(f"{label or 'config'}: the train step does not compile for "
+                    f"{target.name}: {type(e).__name__}: {memory.first_line(e)}") from e  # fmt: skip
+  if store and hit is None:
+    store.save(k, answer)
+  return _footprint(c, target, abstract, **answer, cached=hit is not None)
 
 
 def export_gpu(c: ml_collections.ConfigDict, n_devices: int) -> jax.export.Exported:

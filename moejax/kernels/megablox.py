@@ -31,6 +31,12 @@ backend = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm"
 
 M_TILES = (512, 256, 128)  # MaxText's default m tile is 512; 128 is the MXU width
 KN_TILES = (1024, 512, 256, 128)
+# VMEM a call's tiles may take by `vmem_bytes`, of the 16 MiB of scoped VMEM XLA:TPU gives a
+# kernel on v5e (v4 the same, v6e 32). The TPU sweep's factor D (d_model 1024, d_expert 512:
+# gate and up as N = 1024) had tgmm at tiles (512, 1024, 1024): 16 MiB by `vmem_bytes`, and
+# the TPU compiler refused it, "Scoped allocation with size 17.02M and limit 16.00M"; 12
+# leaves that 1 MiB the estimate misses, and 3 more.
+VMEM_BUDGET = 12 << 20
 
 
 def kn_tile(dim: int) -> int:
@@ -46,15 +52,34 @@ def m_tile(n_rows: int, n_experts: int) -> int:
   return next((t for t in M_TILES if t <= mean), M_TILES[-1])
 
 
-def tiling(tm: int, k: int, n: int) -> tuple[int, int, int]:
-  return tm, kn_tile(k), kn_tile(n)
+def vmem_bytes(tile: tuple[int, int, int], in_bytes: int, transposed: bool = False) -> int:
+  """VMEM of one grouped-matmul call with (tm, tk, tn) tiles: both inputs' tiles double
+  buffered, the float32 accumulator and the float32 output tile double buffered. `gmm`'s
+  output tile is [tm, tn]; `tgmm`'s (`transposed`, dW) is [tk, tn]."""
+  tm, tk, tn = tile
+  out = (tk if transposed else tm) * tn
+  return 2 * (tm * tk + tk * tn if not transposed else tk * tm + tm * tn) * in_bytes + 3 * out * 4
+
+
+def tiling(tm: int, k: int, n: int, in_bytes: int = 2, transposed: bool = False):
+  """(tm, tk, tn): the largest k and n tiles dividing the dims (`kn_tile`), the larger of the
+  two halved while the call's `vmem_bytes` exceed VMEM_BUDGET (a halved tile still divides)."""
+  tk, tn = kn_tile(k), kn_tile(n)
+  while vmem_bytes((tm, tk, tn), in_bytes, transposed) > VMEM_BUDGET and max(tk, tn) > 128:
+    if tn >= tk and tn % 256 == 0:
+      tn //= 2
+    elif tk % 256 == 0:
+      tk //= 2
+    else:
+      break
+  return tm, tk, tn
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def gmm(lhs_MxK, rhs_ExKxN, counts_E, tm: int, interpret: bool):
   """out[rows of group e] = lhs[rows of e] @ rhs[e], accumulated in float32."""
   K, N = rhs_ExKxN.shape[1:]
-  tile = tiling(tm, K, N)
+  tile = tiling(tm, K, N, lhs_MxK.dtype.itemsize)
   return backend.gmm(lhs_MxK, rhs_ExKxN, counts_E, jnp.float32, tile, interpret=interpret)
 
 
@@ -66,11 +91,14 @@ def _gmm_bwd(tm, interpret, res, g_MxN):
   lhs_MxK, rhs_ExKxN, counts_E = res
   K, N = rhs_ExKxN.shape[1:]
   g = g_MxN.astype(lhs_MxK.dtype)
+  size = lhs_MxK.dtype.itemsize
+  dlhs_tile = tiling(tm, N, K, size)
   dlhs_MxK = backend.gmm(
-    g, rhs_ExKxN, counts_E, jnp.float32, tiling(tm, N, K), transpose_rhs=True, interpret=interpret
+    g, rhs_ExKxN, counts_E, jnp.float32, dlhs_tile, transpose_rhs=True, interpret=interpret
   )
+  drhs_tile = tiling(tm, K, N, size, transposed=True)
   drhs_ExKxN = backend.tgmm(
-    lhs_MxK.swapaxes(0, 1), g, counts_E, jnp.float32, tiling(tm, K, N), interpret=interpret
+    lhs_MxK.swapaxes(0, 1), g, counts_E, jnp.float32, drhs_tile, interpret=interpret
   )
   ints = np.zeros(counts_E.shape, jax.dtypes.float0)
   return dlhs_MxK.astype(lhs_MxK.dtype), drhs_ExKxN.astype(rhs_ExKxN.dtype), ints

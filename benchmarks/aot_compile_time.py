@@ -1,0 +1,67 @@
+"""How long one train step takes to lower and to compile ahead of time for a target, and the
+compiler's bytes per device: what one program costs the sweep precheck (launch/precheck.py).
+
+  JAX_PLATFORMS=cpu python benchmarks/aot_compile_time.py --config configs/study_calibration.py:tpu \
+      --topology v5e:4x4 [--set model.n_layers=2 ...]
+  JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 python benchmarks/aot_compile_time.py \
+      --config configs/study_calibration.py:gpu --gpu h100:8
+
+Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from moejax import aot, cli
+from moejax.aot import programs
+
+
+def _set(c, assignment: str) -> None:
+  key, _, text = assignment.partition("=")
+  *path, last = key.split(".")
+  node = c
+  for part in path:
+    node = node[part]
+  old = node[last]
+  node[last] = (text == "True") if isinstance(old, bool) else type(old)(text)
+
+
+def _timed(fn):
+  cpu, wall = time.process_time(), time.perf_counter()
+  out = fn()
+  return out, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--config", required=True)
+  p.add_argument("--topology", default="", help="a TPU topology, e.g. v5e:4x4")
+  p.add_argument("--gpu", default="", help="GPU nodes, e.g. h100:8")
+  p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+  args = p.parse_args()
+  c = cli.load_file(args.config)
+  for assignment in args.set:
+    _set(c, assignment)
+  target = aot.tpu_target(args.topology) if args.topology else aot.gpu_target(args.gpu)
+
+  def lower():
+    abstract = programs.abstract_run(c, target)
+    step = programs.train_step(abstract)
+    return step.lower(abstract.run.state, abstract.tokens, abstract.rng)
+
+  lowered, lower_cpu, lower_wall = _timed(lower)
+  compiled, compile_cpu, compile_wall = _timed(lowered.compile)
+  ma = compiled.memory_analysis()
+  print(f"{args.config} on {target.name} {' '.join(args.set)}")
+  print(f"  lower:   {lower_cpu:6.1f} CPU-s {lower_wall:6.1f} s")
+  print(f"  compile: {compile_cpu:6.1f} CPU-s {compile_wall:6.1f} s")
+  print(
+    f"  per device: temporaries {ma.temp_size_in_bytes / 2**30:.3f} GiB, "
+    f"arguments {ma.argument_size_in_bytes / 2**30:.3f} GiB"
+  )
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,117 @@
+"""Compiled footprints kept on disk, keyed by exactly what the compiler was given.
+
+A sweep's precheck compiles each distinct program for its accelerator, and the TPU preset's
+train step takes ~210 CPU-s to compile on v5e:4x4 whatever its depth (README "Cloud"), so a
+dry run followed by the launch would compile everything twice. Here the compiler's answer
+(`memory_analysis()`, the HBM refusal, the while loops) is stored as JSON under a key that
+hashes the lowered program's text (`Lowered.as_text()`: deterministic across processes, no
+source locations), the target (name, device count, usable memory, its GpuTargetConfig for
+a GPU), the compilers' versions (jax, jaxlib, libtpu, the CUDA plugin) and the flags they
+read (XLA_FLAGS, LIBTPU_INIT_ARGS). Any change to the code, the config, the target or the
+compiler changes the key; a hit skips only the XLA compile, the lowering still runs. The
+state's own bytes (params, optimizer, router, batch) are never stored: they are recomputed
+from the shardings.
+
+The directory is $MOEJAX_AOT_CACHE, else ~/.cache/moejax/aot. A file that does not parse
+is a miss, rewritten after the compile; writes go through a temporary file and a rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import tempfile
+
+import jax
+
+from moejax.aot import targets
+from moejax.aot.loops import Body, Loop
+
+FORMAT = 1  # bump when the stored fields change
+ENV = "MOEJAX_AOT_CACHE"
+FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+COMPILERS = ("jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt")
+FIELDS = ("arguments", "outputs", "aliased", "temporaries", "code", "refused")
+
+
+def default_dir() -> pathlib.Path:
+  return pathlib.Path(os.environ.get(ENV) or pathlib.Path.home() / ".cache" / "moejax" / "aot")
+
+
+def _version(dist: str) -> str:
+  try:
+    return importlib.metadata.version(dist)
+  except importlib.metadata.PackageNotFoundError:
+    return ""
+
+
+def key(program_text: str, target: targets.Target) -> str:
+  """The sha256 of what the compile depends on (the module docstring)."""
+  h = hashlib.sha256()
+  proto = ""
+  if target.platform == "cuda":
+    proto = targets.target_config(targets.parse_gpu(target.name)[0])
+  parts = {
+    "format": FORMAT,
+    "target": [target.name, target.platform, target.n_devices, target.hbm_bytes, proto],
+    "jax": jax.__version__,
+    "compilers": {d: _version(d) for d in COMPILERS},
+    "flags": {f: os.environ.get(f, "") for f in FLAGS},
+  }
+  h.update(json.dumps(parts, sort_keys=True).encode())
+  h.update(program_text.encode())
+  return h.hexdigest()
+
+
+def _loop_json(lp: Loop) -> list:
+  return [lp.name, lp.trip, lp.depth, lp.source, list(lp.body), lp.bound, lp.what]
+
+
+def _loop(row: list) -> Loop:
+  name, trip, depth, source, (kernels, matmuls, collectives, custom), bound, what = row
+  body = Body(kernels, matmuls, collectives, tuple((t, n) for t, n in custom))
+  return Loop(name, trip, depth, source, body, bound, what)
+
+
+def encode(compiled: dict) -> str:
+  """JSON of a compile's answer: FIELDS and `loops` (a tuple of `Loop`)."""
+  out = {f: compiled[f] for f in FIELDS}
+  out["loops"] = [_loop_json(lp) for lp in compiled["loops"]]
+  return json.dumps(out, sort_keys=True)
+
+
+def decode(text: str) -> dict:
+  d = json.loads(text)
+  out = {f: d[f] for f in FIELDS}
+  out["loops"] = tuple(_loop(row) for row in d["loops"])
+  return out
+
+
+class Store:
+  """Compile answers under `root` (`default_dir()` when None), one JSON file per key;
+  `read=False` compiles every program again and replaces what is stored."""
+
+  def __init__(self, root: str | os.PathLike | None = None, read: bool = True):
+    self.root = pathlib.Path(root) if root else default_dir()
+    self.read = read
+
+  def _path(self, k: str) -> pathlib.Path:
+    return self.root / f"{k}.json"
+
+  def load(self, k: str) -> dict | None:
+    if not self.read:
+      return None
+    try:
+      return decode(self._path(k).read_text())
+    except (OSError, ValueError, KeyError, TypeError):  # missing or unreadable: a miss
+      return None
+
+  def save(self, k: str, compiled: dict) -> None:
+    self.root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+      f.write(encode(compiled))
+    os.replace(tmp, self._path(k))
