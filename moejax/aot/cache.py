@@ -4,8 +4,10 @@ A sweep's precheck compiles each distinct program for its accelerator, and the T
 train step takes ~210 CPU-s to compile on v5e:4x4 whatever its depth (README "Cloud"), so a
 dry run followed by the launch would compile everything twice. Here the compiler's answer
 (`memory_analysis()`, the HBM refusal, the while loops) is stored as JSON under a key that
-hashes the lowered program's text (`Lowered.as_text()`: deterministic across processes, no
-source locations), the target (name, device count, usable memory, its GpuTargetConfig for
+hashes the lowered program's text (`Lowered.as_text()`: deterministic across processes and
+without `loc` annotations, but a Pallas kernel's serialized payload carries the source
+lines that called it, so editing moejax/kernels/megablox.py above a call is a new key), the
+target (name, device count, usable memory, its GpuTargetConfig for
 a GPU), the compilers' versions (jax, jaxlib, libtpu, the CUDA plugin) and the flags they
 read (XLA_FLAGS, LIBTPU_INIT_ARGS). Any change to the code, the config, the target or the
 compiler changes the key; a hit skips only the XLA compile, the lowering still runs. The
