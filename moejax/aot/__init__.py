@@ -32,6 +32,7 @@ from moejax.aot.programs import (  # noqa: F401
 )
 from moejax.aot.targets import (  # noqa: F401
   CUDA_INSTALL,
+  TPU_INSTALL,
   GPUS,
   Target,
   cuda_available,
