@@ -222,7 +222,7 @@ def check_runs(
     except UserError as e:
       raise UserError(f"run {run.name}: {e}") from None
     check_placeholders(run, configs[run.name])
-  key_of, jobs = {}, {}
+  key_of, jobs, store = {}, {}, (cache_dir, not fresh)
   for run in runs:
     compute = compute_of(run)
     c = configs[run.name]
@@ -230,7 +230,6 @@ def check_runs(
     key = (compute.accelerators, compute.num_nodes, program)
     key_of[run.name] = key
     if key not in jobs:
-      store = (cache_dir, not fresh)
       jobs[key] = (run.name, c.to_dict(), compute.accelerators, compute.num_nodes, store)
   results = _run_jobs(jobs, workers or default_workers(len(jobs)), log)
   shared = {k: sum(1 for v in key_of.values() if v == k) for k in jobs}

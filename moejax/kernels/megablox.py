@@ -58,14 +58,15 @@ def vmem_bytes(tile: tuple[int, int, int], in_bytes: int, transposed: bool = Fal
   output tile is [tm, tn]; `tgmm`'s (`transposed`, dW) is [tk, tn]."""
   tm, tk, tn = tile
   out = (tk if transposed else tm) * tn
-  return 2 * (tm * tk + tk * tn if not transposed else tk * tm + tm * tn) * in_bytes + 3 * out * 4
+  rhs = (tm if transposed else tk) * tn  # gmm's rhs tile is [tk, tn], tgmm's (dy) [tm, tn]
+  return 2 * (tm * tk + rhs) * in_bytes + 3 * out * 4
 
 
 def tiling(tm: int, k: int, n: int, in_bytes: int = 2, transposed: bool = False):
   """(tm, tk, tn): the largest k and n tiles dividing the dims (`kn_tile`), the larger of the
   two halved while the call's `vmem_bytes` exceed VMEM_BUDGET (a halved tile still divides)."""
   tk, tn = kn_tile(k), kn_tile(n)
-  while vmem_bytes((tm, tk, tn), in_bytes, transposed) > VMEM_BUDGET and max(tk, tn) > 128:
+  while vmem_bytes((tm, tk, tn), in_bytes, transposed) > VMEM_BUDGET:
     if tn >= tk and tn % 256 == 0:
       tn //= 2
     elif tk % 256 == 0:
