@@ -40,6 +40,28 @@ def test_the_key_follows_the_program_the_target_and_the_flags(monkeypatch):
   assert cache.key("module @a {}", TARGET) != base
 
 
+def test_the_key_follows_either_cuda_plugins_version(monkeypatch):
+  versions = {"jaxlib": "0.11.2", "jax-cuda13-plugin": "0.11.2"}
+  monkeypatch.setattr(cache, "_version", lambda dist: versions.get(dist, ""))
+  base = cache.key("module @a {}", TARGET)
+  versions["jax-cuda13-plugin"] = "0.11.3"
+  assert cache.key("module @a {}", TARGET) != base
+
+
+def test_either_cuda_plugin_is_a_gpu_compiler(monkeypatch):
+  """jax[cuda12] here, jax[cuda13] on the newer GPU images: each module alone is enough."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+
+  from moejax.aot import targets  # pylint: disable=import-outside-toplevel
+
+  for present, expected in ((set(), False), ({"jax_plugins.xla_cuda13"}, True),
+                            ({"jax_plugins.xla_cuda12"}, True)):  # fmt: skip
+    monkeypatch.setattr(
+      importlib.util, "find_spec", lambda n, p=present: object() if n in p else None
+    )
+    assert targets.cuda_available() is expected, present
+
+
 def test_an_unreadable_or_unwritten_entry_is_a_miss(tmp_path):
   store = cache.Store(tmp_path)
   assert store.load("0" * 64) is None

@@ -32,8 +32,8 @@ from moejax.aot.programs import (  # noqa: F401
 )
 from moejax.aot.targets import (  # noqa: F401
   CUDA_INSTALL,
-  TPU_INSTALL,
   GPUS,
+  TPU_INSTALL,
   Target,
   cuda_available,
   gpu_devices,

@@ -35,7 +35,11 @@ from moejax.aot.loops import Body, Loop
 FORMAT = 1  # bump when the stored fields change
 ENV = "MOEJAX_AOT_CACHE"
 FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
-COMPILERS = ("jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt")
+COMPILERS = (
+  "jaxlib",
+  "libtpu",
+  *(f"jax-cuda{v}-{p}" for v in (12, 13) for p in ("plugin", "pjrt")),
+)
 FIELDS = ("arguments", "outputs", "aliased", "temporaries", "code", "refused")
 
 

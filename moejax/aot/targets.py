@@ -95,10 +95,14 @@ def libtpu_available() -> bool:
   return importlib.util.find_spec("libtpu") is not None
 
 
+CUDA_PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")  # jax[cuda12], jax[cuda13]
+
+
 def cuda_available() -> bool:
-  """Whether the GPU compiler (jax's CUDA plugin, the `cuda` extra) is installed."""
+  """Whether a GPU compiler (jax's CUDA plugin: the `cuda` extra's cuda12 here, cuda13 on
+  newer GPU images) is installed."""
   try:
-    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    return any(importlib.util.find_spec(name) is not None for name in CUDA_PLUGINS)
   except ModuleNotFoundError:  # no jax_plugins namespace at all
     return False
 
