@@ -7,11 +7,11 @@ the cartesian product of factor axes (rules × seeds × ...).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import os
 import re
 
+from moejax import cli
 from moejax.errors import UserError
 
 NAME_RE = re.compile(r"^[a-z0-9_-]+$")
@@ -71,12 +71,10 @@ def load(path: str) -> Sweep:
   """Imports a sweep file and returns its validated `get_sweep()`."""
   if not os.path.isfile(path):
     raise UserError(f"sweep file {path} does not exist; pass experiments/<name>/sweep.py")
-  module_spec = importlib.util.spec_from_file_location("_moejax_sweep", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  if not hasattr(module, "get_sweep"):
+  module = cli.exec_file(path, "sweep file", "_moejax_sweep")
+  if not callable(getattr(module, "get_sweep", None)):
     raise UserError(f"{path} defines no get_sweep(); it must return a launch.spec.Sweep")
-  return validate(module.get_sweep(), path)
+  return validate(cli.call_file(path, "sweep file", module.get_sweep), path)
 
 
 def select(sweep: Sweep, only: str) -> list[RunSpec]:

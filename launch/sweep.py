@@ -11,12 +11,26 @@ import os
 import shlex
 import sys
 
-from launch import cores, local, precheck, sky, spec
+from launch import commands, cores, local, precheck, sky, spec
+from moejax import cli
 from moejax.errors import UserError
+
+PROG = "python -m launch.sweep"
+# sky-only flags with their defaults: given with --backend local, they are refused
+PRECHECK = {"precheck_workers": 0, "precheck_per_run": False, "precheck_cache": "",
+            "precheck_fresh": False}  # fmt: skip
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse with the project's one-line errors (exit 2) instead of the usage block."""
+
+  def error(self, message: str):
+    print(f"error: {message}; see {PROG} --help", file=sys.stderr)
+    sys.exit(2)
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__.split("\n")[2])
+  p = Parser(prog=PROG, description=__doc__.split("\n")[2])
   p.add_argument("sweep_file", help="experiments/<name>/sweep.py defining get_sweep()")
   p.add_argument("--backend", choices=("local", "sky"), required=True)
   p.add_argument("--parallel", type=int, default=1, help="local: runs at a time")
@@ -58,13 +72,32 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
+def check_args(args) -> None:
+  """The flags' values and combinations, before the sweep file is read."""
+  if args.precheck_workers < 0:
+    raise UserError(
+      f"--precheck-workers {args.precheck_workers} is not allowed; use an int >= 1, "
+      "or 0 for one per core"
+    )
+  given = [k for k, default in PRECHECK.items() if getattr(args, k) != default]
+  if args.backend == "local" and given:
+    flags = ", ".join("--" + k.replace("_", "-") for k in given)
+    raise UserError(
+      f"{flags}: the precheck is the sky backend's; --backend local runs no precheck "
+      "(each run compiles for itself), so drop it or use --backend sky"
+    )
+
+
 def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
   if args.parallel < 1:
     raise UserError(f"--parallel {args.parallel} is not allowed; use an int >= 1")
   if args.cores_per_run == cores.AUTO:
     args.cores_per_run = cores.default_per_run(args.parallel)
   cores.groups(args.cores_per_run, args.parallel)  # refuses a request this machine can't pin
-  jobs = local.plan(sweep, runs, args.root or "runs")
+  root = args.root or "runs"
+  for run in runs:  # the dry run too: each run directory can be made (nothing is created)
+    cli.check_dir(f"--root {root}: run directory", commands.run_dir(root, sweep, run))
+  jobs = local.plan(sweep, runs, root)
   if args.dry_run:
     for job in jobs:
       print(f"# {job.run.name}: {job.state}")
@@ -79,7 +112,7 @@ def run_local(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
     for job in failed:
       print(f"  {job.run.name}: {job.log}", file=sys.stderr)
     return 1
-  print(f"all {len(jobs)} run(s) complete under {os.path.join(args.root or 'runs', sweep.name)}")
+  print(f"all {len(jobs)} run(s) complete under {os.path.join(root, sweep.name)}")
   return 0
 
 
@@ -118,6 +151,7 @@ def run_sky(sweep: spec.Sweep, runs: list[spec.RunSpec], args) -> int:
 def main(argv: list[str] | None = None) -> int:
   args = parser().parse_args(argv)
   try:
+    check_args(args)
     sweep = spec.load(args.sweep_file)
     runs = spec.select(sweep, args.only)
     return (run_local if args.backend == "local" else run_sky)(sweep, runs, args)

@@ -11,6 +11,7 @@ import inspect
 import os
 import re
 import sys
+import traceback
 import types
 from typing import Callable
 
@@ -83,6 +84,45 @@ def _load(spec: str) -> ml_collections.ConfigDict:
     fail(e)
 
 
+def _line(path: str, e: BaseException) -> str:
+  """`path:N`, N the last line of `path` in the traceback of `e` (where it was raised, or the
+  line of the file that called into the code that raised it)."""
+  frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+  return f"{path}:{frames[-1].lineno}" if frames else path
+
+
+def exec_file(path: str, label: str, name: str) -> types.ModuleType:
+  """Runs the Python file `path` as module `name`; a syntax error or an exception at its top
+  level is a one-line UserError `label path:line: ...` (a config file, a sweep file)."""
+  with open(path) as f:
+    source = f.read()
+  try:
+    code = compile(source, path, "exec")
+  except SyntaxError as e:
+    raise UserError(f"{label} {path}:{e.lineno}: syntax error ({e.msg})") from None
+  module = types.ModuleType(name)
+  module.__file__ = path
+  try:
+    exec(code, module.__dict__)  # pylint: disable=exec-used
+  except Exception as e:  # anything a module's top level can raise
+    raise UserError(
+      f"{label} {_line(path, e)}: loading it raised {type(e).__name__}: {e}"
+    ) from None
+  return module
+
+
+def call_file(path: str, label: str, fn: Callable, *args):
+  """`fn(*args)`, `fn` a function of the file `exec_file` ran; an exception is a one-line
+  UserError `label path:line: fn raised ...`, a UserError of its own keeps its text."""
+  try:
+    return fn(*args)
+  except UserError:
+    raise
+  except Exception as e:  # a file's own check, e.g. study_renorm's unknown rule
+    where = _line(path, e)
+    raise UserError(f"{label} {where}: {fn.__name__}() raised {type(e).__name__}: {e}") from None
+
+
 def load_file(spec: str) -> ml_collections.ConfigDict:
   """The config of `path[:arg]` (a `get_config([arg])` file); every way it can fail is a
   one-line UserError naming the file: missing, a syntax error, an import or get_config
@@ -90,33 +130,35 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
     raise UserError(f"cannot load --config {spec}: no such file {path}")
-  with open(path) as f:
-    source = f.read()
-  try:
-    code = compile(source, path, "exec")
-  except SyntaxError as e:
-    raise UserError(f"--config {path}:{e.lineno}: syntax error ({e.msg})") from None
-  module = types.ModuleType("_moejax_config")
-  module.__file__ = path
-  try:
-    exec(code, module.__dict__)  # pylint: disable=exec-used
-  except Exception as e:  # anything a config module's top level can raise
-    raise UserError(f"--config {path}: loading it raised {type(e).__name__}: {e}") from None
+  module = exec_file(path, "--config", "_moejax_config")
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
     raise UserError(f"--config {path}: defines no get_config()")
   if arg and not inspect.signature(get_config).parameters:
     raise UserError(f"--config {spec}: get_config() of {path} takes no argument; drop ':{arg}'")
-  try:
-    c = get_config(arg) if arg else get_config()
-  except Exception as e:  # a config's own check, e.g. study_renorm's unknown rule
-    raise UserError(f"--config {spec}: get_config raised {type(e).__name__}: {e}") from None
+  c = call_file(path, "--config", get_config, *([arg] if arg else []))
   if not isinstance(c, ml_collections.ConfigDict):
     raise UserError(
       f"--config {spec}: get_config() returned {type(c).__name__}; it must return an "
       "ml_collections.ConfigDict (e.g. moejax.config.base_config() with changes)"
     )
   return c
+
+
+def check_dir(flag: str, path: str) -> None:
+  """A UserError naming `flag` unless `path` is a directory, or can be made one, that this
+  process may write into: not a file, not inside one, not under a read-only folder. Nothing
+  is created. A gs:// (any URL) path is not checked: object stores have no files in the way."""
+  if "://" in path:
+    return
+  parent = path
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent.rstrip(os.sep))
+  parent = parent or "."
+  if not os.path.isdir(parent):
+    raise UserError(f"{flag} {path}: {parent} is a file, not a directory")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise UserError(f"{flag} {path}: {parent} is not writable")
 
 
 def config_path(argv: list[str]) -> str | None:

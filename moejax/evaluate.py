@@ -37,6 +37,9 @@ def main() -> int:
     cli.fail("--workdir is required, e.g. --workdir runs/quickstart")
   from moejax import distributed, runio  # pylint: disable=import-outside-toplevel
 
+  config, checkpoints = (runio.path(_WORKDIR.value, n) for n in ("config.json", "checkpoints"))
+  if config.exists() and not checkpoints.is_dir():  # orbax's manager would create it
+    cli.fail(f"--workdir {_WORKDIR.value}: no checkpoints/ (not trained yet); train first")
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)

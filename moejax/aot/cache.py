@@ -14,8 +14,9 @@ compiler changes the key; a hit skips only the XLA compile, the lowering still r
 state's own bytes (params, optimizer, router, batch) are never stored: they are recomputed
 from the shardings.
 
-The directory is $MOEJAX_AOT_CACHE, else ~/.cache/moejax/aot. A file that does not parse
-is a miss, rewritten after the compile; writes go through a temporary file and a rename.
+The directory is $MOEJAX_AOT_CACHE, else ~/.cache/moejax/aot. A file that does not parse,
+or whose fields do not have their types (`check_types`), is a miss, rewritten after the
+compile; writes go through a temporary file and a rename.
 """
 
 from __future__ import annotations
@@ -89,8 +90,49 @@ def encode(compiled: dict) -> str:
   return json.dumps(out, sort_keys=True)
 
 
+def _is(value, kind) -> bool:
+  """`value` has the JSON type `kind` (a type or a tuple of them); an int is never a bool."""
+  return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _pairs(value) -> bool:
+  """A list of [str, int] pairs (a loop body's custom calls)."""
+  return isinstance(value, list) and all(
+    isinstance(p, list) and len(p) == 2 and _is(p[0], str) and _is(p[1], int) for p in value
+  )
+
+
+def _typed_loop(row) -> bool:
+  """A stored loop: [name, trip, depth, source, body, bound, what] as `_loop_json` writes it."""
+  if not (isinstance(row, list) and len(row) == 7):
+    return False
+  name, trip, depth, source, body, bound, what = row
+  opt_int = (int, type(None))
+  kinds = (str, opt_int, int, str, opt_int, str)
+  if not all(map(_is, (name, trip, depth, source, bound, what), kinds)):
+    return False
+  return (
+    isinstance(body, list) and len(body) == 4
+    and all(_is(n, int) for n in body[:3]) and _pairs(body[3])
+  )  # fmt: skip
+
+
+def check_types(d) -> None:
+  """A ValueError unless `d` holds every field with its type (byte counts ints, `refused` a
+  bool, loops as `_loop_json` writes them): a stored answer of other types is a miss."""
+  if not isinstance(d, dict) or any(f not in d for f in (*FIELDS, "loops")):
+    raise ValueError("not a compile answer")
+  bad = [f for f in FIELDS if not _is(d[f], bool if f == "refused" else int)]
+  if not isinstance(d["loops"], list) or not all(map(_typed_loop, d["loops"])):
+    bad.append("loops")
+  if bad:
+    raise ValueError(f"compile answer with mistyped fields: {', '.join(bad)}")
+
+
 def decode(text: str) -> dict:
+  """The answer `encode` wrote; a ValueError for one whose fields do not have their types."""
   d = json.loads(text)
+  check_types(d)
   out = {f: d[f] for f in FIELDS}
   out["loops"] = tuple(_loop(row) for row in d["loops"])
   return out

@@ -41,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
   "bpe_sample_bytes": 50_000_000,
   # a directory written by `python -m moejax.prepare` ("" = load and encode in memory)
   "prepared": "",
+  # data.prepared: hash every shard against manifest.json at startup (False: sizes, record
+  # counts and widths only, for corpora too large to read at each start; README "Data at scale")
+  "verify_shards": True,
 }
 
 
@@ -76,7 +79,9 @@ def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
   check_choice("data.corpus", data_cfg["corpus"], CORPORA)
   check_choice("data.format", data_cfg["format"], FORMATS)
   check_choice("data.text_docs", data_cfg["text_docs"], TEXT_DOCS)
-  tokenizer.check_spec(data_cfg["tokenizer"])
+  if not isinstance(data_cfg["verify_shards"], bool):
+    raise UserError(f"data.verify_shards={data_cfg['verify_shards']!r}: use True or False")
+  tokenizer.check_config(data_cfg)
   return batch_size, seq_len, float(frac), split_seed
 
 

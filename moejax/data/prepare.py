@@ -1,90 +1,73 @@
 """`moejax.prepare`'s work: tokenize a corpus once into ArrayRecord shards (docs/design.md
 "Prepared data").
 
+0. Checks, before anything is written: the data config (`pipeline.validate_config`, the
+   in-memory path's own), `--out` (`moejax.data.outdir`: a directory, empty or this
+   prepare's own) and its plan against the one there.
 1. Scan (`moejax.data.scan`): split coordinates, corpus hash, a seeded tokenizer sample.
-2. Tokenizer: a BPE fitted on the sample (`data.bpe_sample_bytes`), written as
-   `tokenizer.json` (+ `tokenizer_config.json`, so `data.tokenizer=hf:DIR` reads it too).
+2. Tokenizer: a BPE fitted on the sample (`data.bpe_sample_bytes`); then `.prepare/plan.json`
+   and the BPE's `tokenizer.json` (+ `tokenizer_config.json`, so `data.tokenizer=hf:DIR`
+   reads it too) are written.
 3. Parts: the docs in corpus order, cut every `part_bytes` of text; each part's train and
    held-out docs are encoded (tokenizers' batch encode, threads across the cores), packed
    with EOS after the previous part's leftover tokens, and cut into seq_len + 1 windows: the
    same windows, in the same order, as `pipeline.make_data`'s in-memory streams. Each part
    writes its shards (temporary name, then rename) and then `.prepare/part-NNNNN.json`
    (its leftover tokens and counts), so a rerun skips every finished part.
-4. `manifest.json`, last: shards, counts, hashes; training refuses a directory without it.
+4. A split of 0 windows is refused (and what this prepare wrote removed). `manifest.json`,
+   last: shards, counts, hashes; training refuses a directory without it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from moejax import runio
-from moejax.data import pipeline, scan, shards, stream
+from moejax.data import outdir, pipeline, scan, shards, stream
 from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
 from moejax.errors import UserError
 
-STATE = ".prepare"  # per-part progress, inside the output directory
 PART_BYTES = 64_000_000  # source text per part (one train and one held-out shard each)
+STATE = outdir.STATE
 
 
-def _json(p, value: Any) -> None:
-  runio.write_text(p, json.dumps(value, indent=1) + "\n")
-
-
-def _read_json(p) -> dict | None:
-  p = runio.path(p)
-  if not p.exists():
-    return None
-  try:
-    return json.loads(p.read_text())
-  except (OSError, json.JSONDecodeError):
-    return None  # a part whose state is unreadable is redone
-
-
-def check_plan(out: str, plan: dict) -> None:
-  """Records what this prepare makes; an `out` holding another prepare is refused (nothing
-  there is touched), naming the first value that differs."""
-  p = runio.path(out, STATE, "plan.json")
-  old = _read_json(p)
-  if old is None and any(
-    runio.exists(runio.path(out, n)) for n in (shards.MANIFEST, shards.TOKENIZER)
-  ):
-    raise UserError(
-      f"--out {out} holds a prepared corpus without {STATE}/plan.json; use a new --out"
-    )
-  if old is not None and old != plan:
-    diff = next(
-      (f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in plan.items() if old.get(k) != v), ""
-    )
-    raise UserError(
-      f"--out {out} holds a prepare of other data ({diff}); use a new --out (nothing there "
-      "was changed)"
-    )
-  if old is None:
-    _json(p, plan)
-
-
-def make_tokenizer(data_cfg: Any, out: str, sample: list[str]) -> tuple[Tokenizer, str | None]:
-  """(tokenizer, sha256 of its tokenizer.json): `byte` (no file), a BPE fitted on `sample`
-  and saved in `out` (reused when a previous run of this prepare saved it), or `hf:PATH`."""
+def make_tokenizer(data_cfg: Any, out: str, sample: list[str], resume: bool) -> Tokenizer:
+  """`byte`, `hf:PATH`, or a BPE: the one a previous run of this prepare saved in `out`
+  (`resume`), else fitted on `sample` in memory (`save_tokenizer` writes it once the plan
+  is recorded)."""
   name, _, arg = data_cfg["tokenizer"].partition(":")
   if name == "byte":
-    return ByteTokenizer(), None
+    return ByteTokenizer()
   if name == "hf":
-    tok = HFTokenizer(arg)
-    return tok, tok.describe()["sha256"]
+    return HFTokenizer(arg)
+  p = runio.path(out, shards.TOKENIZER)
+  if resume and p.exists():
+    return BPETokenizer.load(str(p))
+  if not sample:  # every split keeps a train doc (pipeline.mask_from_u): none fits the budget
+    raise UserError(
+      f"data.bpe_sample_bytes={data_cfg['bpe_sample_bytes']}: the tokenizer sample is empty "
+      "(no train document fits in it); raise data.bpe_sample_bytes"
+    )
+  return BPETokenizer.train(sample, data_cfg["bpe_vocab_size"])
+
+
+def save_tokenizer(tok: Tokenizer, out: str) -> str | None:
+  """The sha256 of the tokenizer's file (None for `byte`); a fitted BPE is written first as
+  `tokenizer.json` (+ `tokenizer_config.json`, so `data.tokenizer=hf:DIR` reads it too)."""
+  if isinstance(tok, HFTokenizer):
+    return tok.describe()["sha256"]
+  if not isinstance(tok, BPETokenizer):
+    return None
   p = runio.path(out, shards.TOKENIZER)
   if not p.exists():
-    if not sample:
-      raise UserError("the tokenizer sample is empty: the corpus has no train documents")
-    BPETokenizer.train(sample, data_cfg["bpe_vocab_size"]).save(str(p))
-    _json(runio.path(out, "tokenizer_config.json"), {"eos_token": EOS_TOKEN})
-  return BPETokenizer.load(str(p)), shards.sha256_file(p)
+    tok.save(str(p))
+    outdir.write_json(runio.path(out, "tokenizer_config.json"), {"eos_token": EOS_TOKEN})
+  return shards.sha256_file(p)
 
 
 def parts(docs: Iterator[str], held_N: np.ndarray, part_bytes: int):
@@ -100,41 +83,114 @@ def parts(docs: Iterator[str], held_N: np.ndarray, part_bytes: int):
     yield index, train, held
 
 
-def _part_done(out: str, state: dict | None) -> bool:
-  """A part is done when its state exists and its shards are the files it lists."""
+def _part_done(out: str, state: dict | None, width: int) -> bool:
+  """A part is done when its state exists and its shards are the files it lists (sizes,
+  records, widths and sha256, streamed: a damaged shard is rewritten by a rerun)."""
   if state is None:
     return False
   listed = [shards.ShardInfo(**state[s]["shard"]) for s in shards.SPLITS if state[s]["shard"]]
-  return all(shards.shard_problem(out, s) is None for s in listed)
+  return all(shards.shard_problem(out, s, width, verify=True) is None for s in listed)
 
 
 def _encode_split(tok, docs, carry: list[int], seq_len: int, out: str, name: str) -> dict:
   """One split of one part: encode, pack after `carry`, write the whole windows; with the
-  part's token counts (for the unigram entropy)."""
-  tokens_T = pipeline.pack(tok.encode_batch(docs), tok.eos_id)
+  part's token counts (for the unigram entropy) and its longest document."""
+  encoded = tok.encode_batch(docs)
+  tokens_T = pipeline.pack(encoded, tok.eos_id)
   counts_V = np.bincount(tokens_T, minlength=tok.vocab_size)
   joined_T = np.concatenate([np.asarray(carry, np.int32), tokens_T])
   w_NxL1 = pipeline.windows(joined_T, seq_len)
   shard = shards.write_shard(out, name, w_NxL1)._asdict() if len(w_NxL1) else None
   rest = joined_T[w_NxL1.size :]
   entry = {"shard": shard, "carry": rest.tolist(), "tokens": len(tokens_T), "docs": len(docs)}
-  return {**entry, "counts": counts_V.tolist()}
+  longest = max((len(t) for t in encoded), default=0)
+  return {**entry, "longest": longest, "counts": counts_V.tolist()}
+
+
+class Setup(NamedTuple):
+  """A prepare that can run: `--out` checked, the corpus scanned, the tokenizer made."""
+
+  out: outdir.Out
+  plan: dict
+  found: scan.Scan
+  tokenizer: Tokenizer
+
+
+def _setup(data_cfg: Any, out: str, part_bytes: int) -> Setup:
+  """Everything checked before anything is written: the config (the in-memory path's own
+  checks), `--out` (before the scan), the plan against one there, the tokenizer."""
+  pipeline.validate_config(data_cfg)
+  if isinstance(part_bytes, bool) or not isinstance(part_bytes, int) or part_bytes < 1:
+    raise UserError(f"--part_mb gives {part_bytes!r} bytes per part; use a positive size")
+  there = outdir.survey(out)
+  plan = {"format": shards.FORMAT, "data": stream.content_config(data_cfg)}
+  plan["part_bytes"] = part_bytes
+  outdir.check_plan(there, plan)
+  found = scan.scan(data_cfg, want_sample=data_cfg["tokenizer"] == "bpe")
+  plan["corpus"] = found.corpus.to_dict()
+  outdir.check_plan(there, plan)
+  tok = make_tokenizer(data_cfg, out, found.sample, resume=there.plan == plan)
+  return Setup(there, plan, found, tok)
+
+
+def _encode_parts(data_cfg: Any, setup: Setup, log: Callable) -> tuple[list[dict], dict]:
+  """Each part's state (the finished ones read back, the rest encoded and written), and the
+  encoding's time and token counts."""
+  out, seq_len, tok = setup.out.path, data_cfg["seq_len"], setup.tokenizer
+  carry = {s: [] for s in shards.SPLITS}
+  records, stats = [], {"encoded": 0, "seconds": 0.0, "cpu": 0.0, "done": 0}
+  resuming, docs = True, scan.iter_docs(data_cfg)
+  for index, train, held in parts(docs, setup.found.held_N, setup.plan["part_bytes"]):
+    state_path = runio.path(out, STATE, f"part-{index:05d}.json")
+    state = outdir.read_json(state_path)
+    resuming = resuming and _part_done(out, state, seq_len + 1)
+    if resuming:
+      stats["done"] = index + 1
+    else:
+      t1, cpu1 = time.time(), time.process_time()
+      state = {"part": index}
+      for split, docs in (("train", train), ("heldout", held)):
+        name = f"{split}-{index:05d}.array_record"
+        state[split] = _encode_split(tok, docs, carry[split], seq_len, out, name)
+      stats["seconds"] += time.time() - t1
+      stats["cpu"] += time.process_time() - cpu1
+      stats["encoded"] += state["train"]["tokens"] + state["heldout"]["tokens"]
+      outdir.write_json(state_path, state)
+      log(f"part {index}: {len(train) + len(held):,} docs encoded ({time.time() - t1:.1f} s)")
+    carry = {s: state[s]["carry"] for s in shards.SPLITS}
+    records.append(state)
+  return records, stats
+
+
+def check_windows(records: list[dict], seq_len: int) -> None:
+  """A UserError naming data.seq_len when a split made no window: its docs' tokens, all
+  together and the longest one, against the window of seq_len + 1."""
+  for split in shards.SPLITS:
+    if any(r[split]["shard"] for r in records):
+      continue
+    tokens = sum(r[split]["tokens"] for r in records)
+    docs = sum(r[split]["docs"] for r in records)
+    longest = max((r[split].get("longest", 0) for r in records), default=0)
+    raise UserError(
+      f"data.seq_len={seq_len}: the {split} split makes 0 windows of seq_len+1={seq_len + 1} "
+      f"tokens (its {docs:,} docs hold {tokens:,} tokens with EOS, the longest {longest:,}); "
+      f"use data.seq_len <= {max(tokens - 1, 1)}"
+      + (" or a larger data.holdout_fraction" if split == "heldout" else " or more documents")
+    )
 
 
 def prepare(
   data_cfg: Any, out: str, *, part_bytes: int = PART_BYTES, log: Callable = print
 ) -> dict:
-  """Prepares `data_cfg`'s corpus into `out` (local or gs://); returns the manifest."""
-  data_cfg = pipeline.complete(data_cfg)
-  _, seq_len, _, _ = pipeline.validate_config(data_cfg)
-  if isinstance(part_bytes, bool) or not isinstance(part_bytes, int) or part_bytes < 1:
-    raise UserError(f"--part_mb gives {part_bytes!r} bytes per part; use a positive size")
+  """Prepares `data_cfg`'s corpus into `out` (local or gs://); returns the manifest. Bad
+  input is a UserError before anything is written, but for a split of 0 windows (known
+  once encoded), whose files are then removed from an `out` that held nothing before."""
   t0 = time.time()
-  content = stream.content_config(data_cfg)
-  found = scan.scan(data_cfg, want_sample=data_cfg["tokenizer"] == "bpe")
-  plan = {"format": shards.FORMAT, "data": content, "corpus": found.corpus.to_dict()}
-  check_plan(out, {**plan, "part_bytes": part_bytes})
-  tok, tok_sha = make_tokenizer(data_cfg, out, found.sample)
+  data_cfg = pipeline.complete(data_cfg)
+  setup = _setup(data_cfg, out, part_bytes)
+  outdir.start(setup.out, setup.plan)
+  tok, found = setup.tokenizer, setup.found
+  tok_sha = save_tokenizer(tok, out)
   log(
     f"scanned {found.corpus.n_docs:,} docs ({found.corpus.n_bytes:,} bytes, "
     f"{int(found.held_N.sum()):,} held out); tokenizer {data_cfg['tokenizer']} "
@@ -142,39 +198,25 @@ def prepare(
     + (f" fitted on a {found.sample_bytes:,}-byte sample" if found.sample else "")
     + f" in {time.time() - t0:.1f} s"
   )
-  carry = {s: [] for s in shards.SPLITS}
-  records = []
-  resuming, encoded, t_enc, cpu_enc, n_done = True, 0, 0.0, 0.0, 0
-  for index, train, held in parts(scan.iter_docs(data_cfg), found.held_N, part_bytes):
-    state_path = runio.path(out, STATE, f"part-{index:05d}.json")
-    state = _read_json(state_path)
-    resuming = resuming and _part_done(out, state)
-    if resuming:
-      n_done = index + 1
-    else:
-      t1, cpu1 = time.time(), time.process_time()
-      state = {"part": index}
-      for split, docs in (("train", train), ("heldout", held)):
-        name = f"{split}-{index:05d}.array_record"
-        state[split] = _encode_split(tok, docs, carry[split], seq_len, out, name)
-      t_enc, cpu_enc = t_enc + time.time() - t1, cpu_enc + time.process_time() - cpu1
-      encoded += state["train"]["tokens"] + state["heldout"]["tokens"]
-      _json(state_path, state)
-      log(f"part {index}: {len(train) + len(held):,} docs encoded ({time.time() - t1:.1f} s)")
-    carry = {s: state[s]["carry"] for s in shards.SPLITS}
-    records.append(state)
-  if n_done:
-    log(f"{n_done} part(s) already prepared in {out}: skipped")
-  manifest = _manifest(plan, found, tok, tok_sha, seq_len, records)
+  records, stats = _encode_parts(data_cfg, setup, log)
+  try:
+    check_windows(records, data_cfg["seq_len"])
+  except UserError:
+    if setup.out.plan is None or not setup.out.parts:  # nothing of use was there before
+      outdir.discard(setup.out)
+    raise
+  if stats["done"]:
+    log(f"{stats['done']} part(s) already prepared in {out}: skipped")
+  manifest = _manifest(setup.plan, found, tok, tok_sha, data_cfg["seq_len"], records)
   manifest["prepare"] = {
     "part_bytes": part_bytes,
     "seconds": round(time.time() - t0, 3),
-    "encode_seconds": round(t_enc, 3),
-    "encode_cpu_seconds": round(cpu_enc, 3),  # all threads: tokens / this = per core
-    "encoded_tokens": encoded,
+    "encode_seconds": round(stats["seconds"], 3),
+    "encode_cpu_seconds": round(stats["cpu"], 3),  # all threads: tokens / this = per core
+    "encoded_tokens": stats["encoded"],
     "cpus": os.cpu_count(),
   }
-  _json(runio.path(out, shards.MANIFEST), manifest)
+  outdir.write_json(runio.path(out, shards.MANIFEST), manifest)
   return manifest
 
 

@@ -36,9 +36,16 @@ class ShardInfo(NamedTuple):
   sha256: str
 
 
+CHUNK = 8 << 20  # bytes read at a time by `sha256_file`
+
+
 def sha256_file(p: str | os.PathLike) -> str:
-  """sha256 of a file's bytes (local or remote)."""
-  return hashlib.sha256(runio.path(p).read_bytes()).hexdigest()
+  """sha256 of a file's bytes (local or remote), streamed `CHUNK` bytes at a time."""
+  h = hashlib.sha256()
+  with runio.path(p).open("rb") as f:
+    while chunk := f.read(CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
 
 
 def _copy_in(local: str, dest: epath.Path) -> None:
@@ -71,24 +78,49 @@ def write_shard(directory: str, name: str, windows_NxL1: np.ndarray) -> ShardInf
   return info
 
 
-def shard_problem(directory: str, shard: ShardInfo) -> str | None:
-  """Why `shard` is not the file the manifest lists (missing, another size, another
-  record count), naming the file; None when it matches. Reads the file's footer only."""
+def _why(e: Exception) -> str:
+  """The first line of a reader's error (the C++ reader's status text is long)."""
+  return (str(e).splitlines() or [type(e).__name__])[0][:120]
+
+
+def _footer(p: epath.Path, width: int | None) -> tuple[int, int | None]:
+  """(record count, tokens in the first record, None when there is none or no `width` is
+  asked for) from the file's footer and its first record."""
+  reader = ArrayRecordReader(os.fspath(p))
+  try:
+    n = reader.num_records()
+    first = reader.read([0])[0] if n and width is not None else None
+  finally:
+    reader.close()
+  return n, None if first is None else len(first) // np.dtype(DTYPE).itemsize
+
+
+def shard_problem(
+  directory: str, shard: ShardInfo, width: int | None = None, verify: bool = False
+) -> str | None:
+  """Why `shard` is not the file the manifest lists (missing, another size or record
+  count, records not `width` tokens wide; with `verify`, first, another sha256), naming
+  the file; None when it matches. Reads the footer and the first record, and with `verify`
+  the whole file (streamed)."""
   p = runio.path(directory, shard.file)
   if not p.exists():
     return f"{p}: missing (listed in {MANIFEST})"
   size = p.stat().length
   if size != shard.bytes:
     return f"{p}: {size} bytes, {MANIFEST} lists {shard.bytes} (truncated or replaced)"
+  if verify and (sha := sha256_file(p)) != shard.sha256:
+    return f"{p}: sha256 {sha[:12]}..., {MANIFEST} lists {shard.sha256[:12]}... (changed)"
   try:
-    reader = ArrayRecordReader(os.fspath(p))
-    n = reader.num_records()
-    reader.close()
+    n, tokens = _footer(p, width)
   except Exception as e:  # the C++ reader raises RuntimeError/ValueError with long status text
-    why = (str(e).splitlines() or [type(e).__name__])[0][:120]
-    return f"{p}: not a readable ArrayRecord file ({why})"
+    return f"{p}: not a readable ArrayRecord file ({_why(e)})"
   if n != shard.records:
     return f"{p}: {n} records, {MANIFEST} lists {shard.records}"
+  if tokens is not None and tokens != width:
+    return (
+      f"{p}: records of {tokens} tokens, but {MANIFEST} and data.seq_len={width - 1} make "
+      f"windows of {width}"
+    )
   return None
 
 
@@ -121,11 +153,12 @@ def split_shards(manifest: dict, split: str) -> list[ShardInfo]:
   return shards
 
 
-def check_shards(directory: str, manifest: dict) -> None:
-  """A UserError naming the first shard that is not the one the manifest lists."""
+def check_shards(directory: str, manifest: dict, width: int, verify: bool) -> None:
+  """A UserError naming the first shard that is not the one the manifest lists (`verify`:
+  its sha256 too, `shard_problem`)."""
   for split in SPLITS:
     for shard in split_shards(manifest, split):
-      problem = shard_problem(directory, shard)
+      problem = shard_problem(directory, shard, width, verify)
       if problem:
         raise UserError(f"{problem}; rerun python -m moejax.prepare --out {directory}")
 
@@ -136,9 +169,12 @@ class Windows:
   MapDataset source, and the held-out windows of `Data.eval_batches`)."""
 
   def __init__(self, directory: str, shards: Sequence[ShardInfo], width: int):
-    paths = [f"{runio.path(directory, s.file)}[0:{s.records}]" for s in shards if s.records]
+    listed = [s for s in shards if s.records]
+    paths = [f"{runio.path(directory, s.file)}[0:{s.records}]" for s in listed]
     # Read instructions `path[0:n]` from the manifest: no file is opened until read.
     self._source = ArrayRecordDataSource(paths) if paths else None
+    self._files = [str(runio.path(directory, s.file)) for s in listed]
+    self._starts = np.cumsum([0] + [s.records for s in listed])
     self.shape = (sum(s.records for s in shards), width)
 
   def __len__(self) -> int:
@@ -147,16 +183,35 @@ class Windows:
   def _row(self, record: bytes) -> np.ndarray:
     return np.frombuffer(record, dtype=DTYPE).astype(np.int32)
 
+  def _corrupt(self, i: int, e: Exception) -> UserError:
+    """The one line for window `i` unreadable at read time (its shard changed after the
+    startup check): the shard and record, and how to go on."""
+    k = int(np.searchsorted(self._starts, i, side="right")) - 1
+    return UserError(
+      f"{self._files[k]}: record {i - self._starts[k]} is corrupt ({_why(e)}); the shard "
+      "changed after the startup check: restore it (rerun python -m moejax.prepare with the "
+      "same --out rewrites it), then rerun to resume from the last checkpoint"
+    )
+
+  def _read(self, i: int) -> np.ndarray:
+    try:
+      return self._row(self._source[i])
+    except Exception as e:  # the C++ reader's RuntimeError (a hash mismatch) or DataLossError
+      raise self._corrupt(i, e) from None
+
   def __getitem__(self, key: Any) -> np.ndarray:
     if isinstance(key, slice):
-      keys = range(*key.indices(len(self)))
+      keys = list(range(*key.indices(len(self))))
       if not keys:
         return np.zeros((0, self.shape[1]), np.int32)
-      return np.stack([self._row(r) for r in self._source.__getitems__(list(keys))])
+      try:
+        return np.stack([self._row(r) for r in self._source.__getitems__(keys)])
+      except Exception:  # one read at a time names the record that fails
+        return np.stack([self._read(i) for i in keys])
     i = key.__index__()
     if not -len(self) <= i < len(self):
       raise IndexError(f"window {i} of {len(self)}")
-    return self._row(self._source[i % len(self)])
+    return self._read(i % len(self))
 
   def __array__(self, dtype=None, copy=None) -> np.ndarray:
     out = self[:]

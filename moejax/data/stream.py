@@ -1,7 +1,9 @@
 """Training from a prepared corpus (`data.prepared=DIR`, written by `python -m moejax.prepare`):
 the manifest is checked against the config, the tokenizer against its recorded hash and every
-shard against its listed size and record count; the windows are then read on demand.
-Startup reads the manifest, the tokenizer and each shard's footer, never the corpus."""
+shard against its listed size, record count, record width and (`data.verify_shards`, the
+default) sha256; the windows are then read on demand. Startup reads the manifest, the
+tokenizer, each shard's footer and first record and, verifying, each shard once (streamed),
+never the corpus."""
 
 from __future__ import annotations
 
@@ -92,8 +94,13 @@ def open_prepared(data_cfg: Any) -> Prepared:
   manifest = shards.read_manifest(directory)
   check_config(data_cfg, manifest, directory)
   tok = load_tokenizer(directory, manifest)
-  shards.check_shards(directory, manifest)
-  width = manifest["seq_len"] + 1
+  width = data_cfg["seq_len"] + 1  # the manifest's data.seq_len (check_config)
+  if manifest.get("seq_len") != data_cfg["seq_len"]:
+    raise UserError(
+      f"{runio.path(directory, shards.MANIFEST)}: seq_len {manifest.get('seq_len')!r} but "
+      f"data.seq_len {data_cfg['seq_len']} in its data keys; rerun python -m moejax.prepare"
+    )
+  shards.check_shards(directory, manifest, width, data_cfg["verify_shards"])
   split = {
     s: shards.Windows(directory, shards.split_shards(manifest, s), width) for s in shards.SPLITS
   }

@@ -139,9 +139,7 @@ class HFTokenizer:
   name = "hf"
 
   def __init__(self, path: str):
-    path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    if not os.path.isfile(path):
-      raise UserError(f"data.tokenizer=hf:{path}: no such tokenizer.json")
+    path = hf_file(path)
     try:
       self._tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001  (tokenizers raises a bare Exception on bad JSON)
@@ -170,6 +168,22 @@ class HFTokenizer:
       sha = hashlib.sha256(f.read()).hexdigest()
     d = {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
     return {**d, "path": self.path, "sha256": sha}
+
+
+def hf_file(path: str) -> str:
+  """The tokenizer.json of `hf:PATH` (PATH itself, or PATH/tokenizer.json for a folder), or
+  a UserError naming it."""
+  path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+  if not os.path.isfile(path):
+    raise UserError(f"data.tokenizer=hf:{path}: no such tokenizer.json")
+  return path
+
+
+def check_vocab_size(vocab_size: Any) -> int:
+  """`data.bpe_vocab_size`, or a UserError: a BPE needs the 256 bytes and EOS."""
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
+    raise UserError(f"data.bpe_vocab_size={vocab_size!r}: must be an integer >= 257")
+  return vocab_size
 
 
 def _read_json(path: str) -> dict:
@@ -220,9 +234,7 @@ def build_bpe(inputs: TokenizerInputs) -> BPETokenizer:
   (hash of corpus sha, held-out split, vocab size): process 0 trains and writes it, then
   every process loads it."""
   data_cfg = inputs.data_cfg
-  vocab_size = data_cfg.get("bpe_vocab_size", 1024)
-  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
-    raise UserError(f"data.bpe_vocab_size={vocab_size!r}: must be an integer >= 257")
+  vocab_size = check_vocab_size(data_cfg.get("bpe_vocab_size", 1024))
   split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
   if inputs.workdir is None:
     return BPETokenizer.train(inputs.train_docs, vocab_size)
@@ -269,6 +281,19 @@ def check_spec(spec: Any) -> None:
   found = lookup(spec)
   if found is None or (found[0].arg and not found[1]):
     check_choice("data.tokenizer", spec, CHOICES)
+
+
+def check_config(data_cfg: Any) -> None:
+  """The tokenizer keys of a data config, before any loading (`pipeline.validate_config`,
+  so the in-memory path and moejax.prepare refuse the same values): the spec, a BPE's vocab
+  size, an `hf:PATH` that exists."""
+  spec = data_cfg["tokenizer"]
+  check_spec(spec)
+  name, _, arg = spec.partition(":")
+  if name == "bpe":
+    check_vocab_size(data_cfg["bpe_vocab_size"])
+  if name == "hf":
+    hf_file(arg)
 
 
 def build_tokenizer(
