@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax import compat
 from moejax.errors import UserError
 
 AXES = ("data", "fsdp", "expert")
@@ -25,7 +26,7 @@ def make_mesh(m: ml_collections.ConfigDict, devices=None) -> Mesh:
   """Mesh of shape (data, fsdp, expert) over `devices` (default `jax.devices()`; moejax.aot
   passes a TPU topology's compile-only devices)."""
   devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.asarray(devices).reshape(mesh_shape(m, len(devices))), AXES)
+  return compat.mesh(np.asarray(devices).reshape(mesh_shape(m, len(devices))), AXES)
 
 
 def mesh_shape(m: ml_collections.ConfigDict, n: int) -> tuple[int, int, int]:

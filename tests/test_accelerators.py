@@ -34,6 +34,7 @@ import re
 import pytest
 
 from moejax import aot, cli
+from moejax.aot import custom_calls
 from moejax.kernels import dispatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,11 +190,16 @@ def test_the_matrix_covers_every_preset_kernel_and_mode():
 
 
 def _compile(target: aot.Target, case) -> aot.Footprint:
+  """The case's train step compiled for `target`; it fails naming the case when the program
+  holds another platform's kernel (a TPU kernel in a GPU program, or the reverse)."""
   preset, mode, impl = case
   try:
-    return aot.footprint(tiny(preset, mode, impl), target, preset)
+    fp = aot.footprint(tiny(preset, mode, impl), target, preset)
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
     pytest.fail(f"{preset} {mode} impl={impl} on {target.name}: {e}")
+  foreign = custom_calls.foreign(fp.kernels, target.platform)
+  assert not foreign, f"{preset} {mode} impl={impl} on {target.name} holds {foreign} kernels"
+  return fp
 
 
 QUICKSTART = ("configs/quickstart.py", load("configs/quickstart.py").model.moe.dispatch, "auto")
@@ -238,6 +244,8 @@ def _grid(target, preset):
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
     pytest.fail(f"{preset} grid forward ({mode}, impl auto) on {target.name}: {e}")
   assert compiled.memory_analysis().argument_size_in_bytes > 0
+  foreign = custom_calls.foreign(custom_calls.count(compiled.as_text()), target.platform)
+  assert not foreign, f"{preset} grid forward on {target.name} holds {foreign} kernels"
 
 
 @pytest.mark.full
@@ -251,6 +259,16 @@ def test_train_step_compiles_for_h100(gpu, case):
 @pytest.mark.parametrize("preset", presets(), ids=_id)
 def test_grid_forward_compiles_for_h100(gpu, preset):
   _grid(gpu, preset)
+
+
+@pytest.mark.full
+def test_gpu_preset_runs_mosaic_gpu_kernels_on_h100(gpu):
+  """On sm90 the GPU preset's bf16 kernels (tokamax's grouped matmuls, forward, dx and dW,
+  and its flash attention) are Mosaic GPU: the deprecated Pallas Triton backend is left
+  only where tokamax has no Mosaic kernel (f32 inputs, sm80, dW on sm100)."""
+  fp = _compile(gpu, ("configs/study_calibration.py:gpu", "dropless", "auto"))
+  kernels = dict(fp.kernels)
+  assert kernels.get("mosaic_gpu", 0) >= 7 and "triton" not in kernels, kernels
 
 
 # The expansion check's program: one MoE layer of the study's CPU preset (E = 64, K = 8,

@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   (
     "moejax",
     "moejax.errors",
+    "moejax.compat",
     "moejax.runio",
     "moejax.stats",
     "moejax.distributed",

@@ -12,7 +12,7 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
 )
 from jax import export
 
-from moejax import sharding
+from moejax import compat, sharding
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
 from moejax.nn.losses import LossConfig
@@ -58,9 +58,10 @@ def _exported(impl: str, platform: str) -> str:
   lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   tokens = next(run.data.train_iterator())["tokens"]
-  exp = export.export(
-    jax.jit(step_fn), platforms=(platform,), disabled_checks=dsp.EXPORT_DISABLED_CHECKS
-  )(run.state, tokens, jax.random.key(0))
+  with compat.lowering_for((platform,)):
+    exp = export.export(
+      jax.jit(step_fn), platforms=(platform,), disabled_checks=dsp.EXPORT_DISABLED_CHECKS
+    )(run.state, tokens, jax.random.key(0))
   return exp.mlir_module()
 
 

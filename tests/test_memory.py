@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from tiers import one_default
 
-from moejax import build, sharding
+from moejax import build, compat, sharding
 from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.nn.losses import LossConfig
@@ -155,13 +155,13 @@ def device_bytes(state, mesh) -> int:
 )
 def test_state_bytes_per_device(data, fsdp, expert, expected):
   assert hand_bytes(fsdp, expert) == expected  # the count by hand, written out above
-  mesh = jax.sharding.AbstractMesh((data, fsdp, expert), sharding.AXES)
+  mesh = compat.abstract_mesh((data, fsdp, expert), sharding.AXES)
   assert device_bytes(abstract_state(), mesh) == expected
 
 
 def test_expert_specs():
   state = abstract_state()
-  mesh = jax.sharding.AbstractMesh((1, 8, 2), sharding.AXES)
+  mesh = compat.abstract_mesh((1, 8, 2), sharding.AXES)
   specs = {
     jax.tree_util.keystr(p): s.spec
     for p, s in jax.tree_util.tree_leaves_with_path(sharding.state_sharding(state, mesh))

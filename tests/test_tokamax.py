@@ -21,7 +21,7 @@ from failure_helpers import results_on_host_devices
 from test_dispatch import _check_grads, _naive_grads, naive_moe
 from test_dropless import E, _case, _grad_fns, routing
 
-from moejax import aot
+from moejax import aot, compat
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans, tokamax_ragged
@@ -102,7 +102,10 @@ def test_capacity_with_tokamax_is_refused_in_one_line():
 
 
 def _lowered_text(fn, *args, platform: str) -> str:
-  return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  """`fn` lowered for `platform` on this host (for cuda: traced naming the GPU Triton
+  kernels are lowered for, as jax 0.11 needs without a GPU: `compat.gpu_target`)."""
+  with compat.lowering_for((platform,)):
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
 def test_cuda_branch_lowers_to_triton_kernels_from_a_cpu_host():
@@ -132,11 +135,11 @@ def test_flash_attention_lowers_to_triton_kernels_for_cuda():
 
 
 def test_implementations_per_platform():
-  """Mosaic first where tokamax has it (it falls back on NotImplementedError), Triton on
-  CUDA after it, XLA's ragged dot elsewhere."""
+  """The platform's own Mosaic kernel first where tokamax has it (it falls back on
+  NotImplementedError), Triton on CUDA after it, XLA's ragged dot elsewhere."""
   assert tokamax_ragged.IMPLEMENTATIONS == {
-    "cuda": ("mosaic", "triton"),
-    "tpu": ("mosaic", "xla"),
+    "cuda": ("mosaic_gpu", "triton"),
+    "tpu": ("mosaic_tpu", "xla"),
     "default": ("xla",),
   }
 

@@ -9,6 +9,7 @@
   the compiler's `memory_analysis()`, and the fit.
 * `cache`: compiled answers on disk, keyed by the lowered program, target and compilers
   (the sweep precheck's: a dry run and its launch compile once).
+* `custom_calls`: the accelerator kernels a compiled program holds, by family.
 * `loops`: the compiled program's while loops, their trip counts and what each iteration
   runs (`describe` prints them).
 

@@ -84,9 +84,10 @@ def _loop(row: list) -> Loop:
 
 
 def encode(compiled: dict) -> str:
-  """JSON of a compile's answer: FIELDS and `loops` (a tuple of `Loop`)."""
+  """JSON of a compile's answer: FIELDS, `loops` (a tuple of `Loop`) and `kernels`."""
   out = {f: compiled[f] for f in FIELDS}
   out["loops"] = [_loop_json(lp) for lp in compiled["loops"]]
+  out["kernels"] = [list(kv) for kv in compiled["kernels"]]
   return json.dumps(out, sort_keys=True)
 
 
@@ -135,6 +136,7 @@ def decode(text: str) -> dict:
   check_types(d)
   out = {f: d[f] for f in FIELDS}
   out["loops"] = tuple(_loop(row) for row in d["loops"])
+  out["kernels"] = tuple((str(f), int(n)) for f, n in d["kernels"])
   return out
 
 

@@ -37,6 +37,7 @@ class Footprint(NamedTuple):
   code: int
   refused: bool  # the TPU compiler ran out of HBM; temporaries from its message
   loops: tuple = ()  # loops.Loop of the compiled program (empty when refused)
+  kernels: tuple = ()  # (family, count) of its accelerator kernels (`custom_calls.count`)
   cached: bool = False  # read from an `aot.cache.Store`, not compiled in this process
 
   @property

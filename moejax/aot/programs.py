@@ -17,12 +17,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
-from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import build, sharding
+from moejax import build, compat, sharding
 from moejax import config as config_lib
-from moejax.aot import cache, loops, memory
+from moejax.aot import cache, custom_calls, loops, memory
 from moejax.aot.targets import Target
 from moejax.errors import UserError
 from moejax.kernels import dispatch
@@ -52,10 +52,13 @@ class NominalData(NamedTuple):
 
 def target_mesh(c: ml_collections.ConfigDict, target: Target):
   """The trainer's data × fsdp × expert mesh over the target's devices (an AbstractMesh
-  for a target without devices: `export_gpu`)."""
+  for a target without devices, `export_gpu`: it names the GPU that Triton kernels traced
+  under it are lowered for, `compat.gpu_target`)."""
   if target.devices:
     return sharding.make_mesh(c.mesh, target.devices)
-  return AbstractMesh(sharding.mesh_shape(c.mesh, target.n_devices), sharding.AXES)
+  shape = sharding.mesh_shape(c.mesh, target.n_devices)
+  gpu = compat.DEFAULT_GPU_KIND if target.platform == "cuda" else None
+  return compat.abstract_mesh(shape, sharding.AXES, gpu)
 
 
 def _with_shardings(tree, shardings):
@@ -116,8 +119,8 @@ def _footprint(c, target: Target, abstract: Abstract, **fields) -> memory.Footpr
 
 
 def _compiled(lowered, abstract: Abstract) -> dict:
-  """The compiler's answer (`cache.FIELDS` and `loops`): its memory analysis and while
-  loops, or the TPU compiler's refusal for HBM (temporaries from its message)."""
+  """The compiler's answer (`cache.FIELDS`, `loops`, `kernels`): its memory analysis, while
+  loops and kernel families, or the TPU compiler's refusal for HBM (temporaries from its message)."""
   try:
     compiled = lowered.compile()
   except Exception as e:
@@ -126,9 +129,11 @@ def _compiled(lowered, abstract: Abstract) -> dict:
       raise
     args = memory.device_bytes((abstract.run.state, abstract.tokens, abstract.rng))
     zero = dict.fromkeys(("outputs", "aliased", "code"), 0)
-    return {**zero, "arguments": args, "temporaries": parsed[0], "refused": True, "loops": ()}
+    refused = {"arguments": args, "temporaries": parsed[0], "refused": True}
+    return {**zero, **refused, "loops": (), "kernels": ()}
   ma = memory.analysis(compiled.memory_analysis())
-  return {**ma, "refused": False, "loops": loops.report(compiled)}
+  kernels = custom_calls.count(compiled.as_text())
+  return {**ma, "refused": False, "loops": loops.report(compiled), "kernels": kernels}
 
 
 def footprint(

@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import topologies
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax import compat
 from moejax.aot import memory
 from moejax.errors import UserError
 
@@ -158,7 +159,7 @@ def tpu_devices(topology: str) -> tuple:
 def hbm(device_kind: str, device) -> int:
   """Usable HBM bytes of one TPU device, read from the TPU compiler: a 512 GiB temporary is
   refused with 'exceeds available HBM (15.75G)' on v5e (16 GiB chips, Cloud TPU docs)."""
-  mesh = Mesh(np.asarray([device]), ("x",))
+  mesh = compat.mesh(np.asarray([device]), ("x",))
 
   def probe(x):
     big = x * jax.lax.broadcasted_iota(jnp.float32, (1 << 18, 1 << 18), 1)

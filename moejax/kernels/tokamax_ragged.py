@@ -15,19 +15,23 @@ implementation list, so each falls back on its own: tokamax 0.0.12's Mosaic GPU 
 no ragged-contracting dot on sm100, and its own VJP would call Mosaic for dW there.
 
 Implementations, for the platform the program is lowered for (`jax.lax.platform_dependent`):
-* cuda: `("mosaic", "triton")`. tokamax resolves "mosaic" to its Mosaic GPU kernel when JAX's
-  default device is an NVIDIA GPU (on a GPU host, or a compile-only GPU made the default with
-  `jax.default_device` for a deviceless compile) and takes the first that does not raise
-  NotImplementedError: Mosaic on sm90 (bf16/f16 inputs), Triton on sm80 and for f32 inputs;
-  on sm100 Mosaic for forward and dx, Triton for dW. (On sm90 Mosaic's dW reads its inputs
-  transposed, so XLA materializes x and h transposed: +0.9 GiB over Triton at the TPU
-  preset's per-device shapes, README Dispatch.) On a host without a GPU (an export or a
-  deviceless compile) the default device is the CPU: "mosaic" resolves to the Mosaic TPU
-  kernel, which refuses the CPU, and Triton is traced. tokamax's "is a GPU present" checks
-  are off in this branch (`tokamax.config.cross_compile`): the branch is only lowered for CUDA.
-* tpu: `("mosaic", "xla")`: tokamax's Mosaic TPU kernel when the default device is a TPU (a
-  TPU host, or a compile-only one as above); else "xla" (`jax.lax.ragged_dot`, native on
-  TPU but with its dW expanded over the groups: see `dispatch.AUTO`).
+* cuda: `("mosaic_gpu", "triton")`; tokamax takes the first that does not raise
+  NotImplementedError. Its Mosaic GPU kernel reads the GPU from JAX's default device (a GPU
+  host, or a compile-only GPU made the default with `jax.default_device` for a deviceless
+  compile): on sm90 it serves forward, dx and dW for bf16/f16 inputs; on sm100 forward and
+  dx, dW is Triton; sm80, f32 inputs and a host whose default device is no GPU (an export)
+  are Triton (the deprecated Pallas Triton backend on jax 0.11, lowered for the GPU that
+  `compat.gpu_target` names). (On sm90 Mosaic's dW reads its inputs transposed, so XLA
+  materializes x and h transposed: +0.9 GiB over Triton at the TPU preset's per-device
+  shapes, README Dispatch.) tokamax's "is a GPU present" checks are off in this branch
+  (`tokamax.config.cross_compile`): the branch is only lowered for CUDA.
+* tpu: `("mosaic_tpu", "xla")`: tokamax's Mosaic TPU kernel where it accepts the default
+  device (a TPU host, or a compile-only TPU as above); else "xla" (`jax.lax.ragged_dot`,
+  native on TPU but with its dW expanded over the groups: see `dispatch.AUTO`).
+Each platform names its own kernel: tokamax's "mosaic" means Mosaic GPU or Mosaic TPU by
+the default device, not by the platform lowered for, so a TPU program traced on a GPU host
+(or, with tokamax 0.0.17's device checks off, a GPU program on a CPU host) would hold the
+other platform's kernel (`aot.custom_calls` checks every preset's compile for it).
 * elsewhere: "xla", `jax.lax.ragged_dot` (densified on CPU: for tests).
 
 A Pallas kernel is opaque to GSPMD, so dispatch runs this per device in a shard_map
@@ -52,7 +56,11 @@ FORWARD = jax.lax.RaggedDotDimensionNumbers(((([1], [1]), ([], []))), [0], [0]) 
 DX = jax.lax.RaggedDotDimensionNumbers(((([1], [2]), ([], []))), [0], [0])  # mn,ekn->mk
 DW = jax.lax.RaggedDotDimensionNumbers(((([0], [0]), ([], []))), [0], [])  # mk,mn->ekn
 
-IMPLEMENTATIONS = {"cuda": ("mosaic", "triton"), "tpu": ("mosaic", "xla"), "default": ("xla",)}
+IMPLEMENTATIONS = {
+  "cuda": ("mosaic_gpu", "triton"),
+  "tpu": ("mosaic_tpu", "xla"),
+  "default": ("xla",),
+}
 # The Triton and Mosaic custom calls carry no compatibility guarantee, so `jax.export` refuses
 # to serialize them unless told (tokamax's own list); a lowering or a compile needs nothing.
 EXPORT_DISABLED_CHECKS = tokamax.DISABLE_JAX_EXPORT_CHECKS

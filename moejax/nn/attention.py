@@ -19,8 +19,8 @@ softmax are float32 whatever the input dtype, and the output has the inputs' dty
   only the softmax statistics for the backward pass: for the platform lowered for, on CUDA
   its Mosaic GPU kernel (sm90/sm100, bf16) else its Triton kernel (sm80 and up, or f32), on
   TPU its Mosaic TPU kernel from a TPU host, elsewhere (and for a TPU lowered from another
-  host) its "xla" reference, which does hold L×L (what the CPU tests check). tokamax picks
-  Mosaic GPU from the default device (`moejax.kernels.tokamax_ragged`, the same choice).
+  host) its "xla" reference, which does hold L×L (what the CPU tests check): the same
+  per-platform lists as `moejax.kernels.tokamax_ragged.IMPLEMENTATIONS`.
   Per device in a `shard_map` over the batch axes under a context mesh, as splash.
 """
 
