@@ -23,6 +23,8 @@ from moejax import sharding
 from moejax.errors import UserError, check_choice
 from moejax.kernels import batched, blocked, fused, megablox, plans, ragged, tokamax_ragged
 from moejax.kernels.grouped import Blocks
+from moejax.kernels.native import kernel as native
+from moejax.kernels.native import loader as native_loader
 from moejax.kernels.plans import ExpertWeights
 
 MODES = ("dropless", "capacity")
@@ -49,6 +51,14 @@ KERNELS: dict[str, Kernel] = {
     MODES,
     False,
     "exact block loop, gather + grouped SwiGLU + combine in one custom VJP; O(rows) anywhere",
+  ),
+  "native": Kernel(
+    native.run,
+    ("cpu",),
+    MODES,
+    True,
+    "C++ FFI custom call: per-expert OpenBLAS GEMMs on XLA's CPU thread pool, custom VJP; "
+    "fused where not built",
   ),
   "blocked": Kernel(blocked.run, PLATFORMS, MODES, False, "the same block loop unfused (autodiff)"),
   "ragged": Kernel(
@@ -106,10 +116,12 @@ EXPORT_DISABLED_CHECKS = tokamax_ragged.EXPORT_DISABLED_CHECKS
 #   kernel follows the lowering platform, so a CPU host's AOT compile is what the TPU runs;
 #   tokamax picks Mosaic TPU only when JAX's default device is a TPU. MaxText defaults to
 #   megablox on TPU too.
-# * CPU, ROCm, and capacity off CUDA: the fused loop (measured fastest on CPU; ROCm untested).
+# * CPU: `native` where its library is built (README "Performance"), else the fused loop.
+# * ROCm, and capacity off CUDA: the fused loop (ROCm untested).
+CPU_AUTO = "native" if native_loader.available() else "fused"
 AUTO: dict[str, dict[str, str]] = {
-  "dropless": {"cpu": "fused", "cuda": "tokamax", "rocm": "fused", "tpu": "megablox"},
-  "capacity": {"cpu": "fused", "cuda": "batched", "rocm": "fused", "tpu": "fused"},
+  "dropless": {"cpu": CPU_AUTO, "cuda": "tokamax", "rocm": "fused", "tpu": "megablox"},
+  "capacity": {"cpu": CPU_AUTO, "cuda": "batched", "rocm": "fused", "tpu": "fused"},
 }
 
 

@@ -1,0 +1,38 @@
+"""The `native` kernel on `plans.KernelArgs` (both dispatch modes), or `fused` when the
+library is not built (`loader`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from moejax.kernels import fused, plans
+from moejax.kernels.native import loader, ops
+from moejax.kernels.permute import take_rows
+
+
+def expert_of_rows(a: plans.KernelArgs, R: int) -> jax.Array:
+  """Each buffer row's expert: dropless rows are contiguous per expert from row 0
+  (`counts_E`); capacity rows are blocks of C rows, one per (group, expert)."""
+  if a.counts_E is not None:
+    ends_E = jnp.cumsum(a.counts_E.astype(jnp.int32))
+    e_R = jnp.searchsorted(ends_E, jnp.arange(R, dtype=jnp.int32), side="right")
+    return jnp.minimum(e_R, a.counts_E.shape[0] - 1).astype(jnp.int32)
+  (C,), blk = a.sizes, a.blocks[0]
+  return jnp.repeat(blk.expert_N.astype(jnp.int32), C, total_repeat_length=R)
+
+
+def run(a: plans.KernelArgs) -> jax.Array:
+  """Each row's combine weight gathered from its assignment (as `fused`), then one custom
+  VJP over the FFI calls."""
+  if not loader.available():
+    return fused.run(a)
+  T, K = a.weights_TxK.shape
+  w_Ax1 = a.weights_TxK.reshape(T * K, 1).astype(a.x_TxD.dtype)
+  w_R = take_rows(w_Ax1, a.plan.assign_of_R, a.plan.row_of_A[:, None])[:, 0]
+  tok_R, row_TxK = a.plan.token_of_R, a.plan.row_of_A.reshape(T, K)
+  e_R = expert_of_rows(a, tok_R.shape[0])
+  w_gu = jnp.concatenate([a.ex.w_gate_ExDxF, a.ex.w_up_ExDxF], axis=-1)
+  args = (a.x_TxD, w_R, tok_R, e_R, row_TxK, w_gu, a.ex.w_down_ExFxD)
+  ops.check(*args)
+  return ops.swiglu_combine(*args)

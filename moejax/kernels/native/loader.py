@@ -1,0 +1,124 @@
+"""Finding, loading and registering the native kernel's shared library (once per process).
+
+The library is built by `pip install -e .` (setup.py, an optional extension: no compiler, no
+library) next to this file, with the OpenBLAS it calls (`libscipy_openblas.so`, from the
+scipy-openblas32 wheel, copied beside it at build time). `MOEJAX_NATIVE_LIB` names another
+build (the sanitizer test's). When anything is missing, `available()` is False and one log
+line says why; the dispatcher then runs `fused`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+import jax
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+TARGETS = ("moejax_native_forward", "moejax_native_backward")
+
+
+def library_path() -> Path | None:
+  """The built kernel: $MOEJAX_NATIVE_LIB, else `_moejax_native*.so` beside this file."""
+  if os.environ.get("MOEJAX_NATIVE_LIB"):
+    return Path(os.environ["MOEJAX_NATIVE_LIB"])
+  found = sorted(HERE.glob("_moejax_native*.so"))
+  return found[0] if found else None
+
+
+def blas_candidates(lib_dir: Path) -> list[tuple[str, str, int, str]]:
+  """(path, sgemm symbol, 64-bit ints, thread-count setter) to try, in order: the OpenBLAS
+  copied beside the kernel, then an installed scipy-openblas32 wheel."""
+  out = [(str(p), "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads")
+         for p in sorted(lib_dir.glob("libscipy_openblas*.so"))]
+  try:
+    import scipy_openblas32 as ob  # noqa: PLC0415 (optional)
+
+    path = os.path.join(ob.get_lib_dir(), ob.get_library(fullname=True))
+    out.append((path, "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads"))
+  except ImportError:
+    pass
+  return out
+
+
+AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")  # what OpenBLAS's SkylakeX kernels need
+
+
+def coretype(cpu_flags: set[str], env: dict) -> str | None:
+  """The OPENBLAS_CORETYPE our private OpenBLAS loads with: $MOEJAX_OPENBLAS_CORETYPE, else
+  SKYLAKEX on a CPU with AVX-512, else None (OpenBLAS's own choice, or the process's
+  OPENBLAS_CORETYPE). On this machine's AMD EPYC (AVX-512, full-width FMA), OpenBLAS 0.3.34
+  detects a Haswell, and the environment sets OPENBLAS_CORETYPE=Haswell too: its AVX2
+  kernels run [256, 256] x [256, 512] at 93-107 GFLOP/s on one core, SkylakeX's at 172-195
+  (README "Performance"). The copy is private, so numpy's and scipy's BLAS keep theirs."""
+  if env.get("MOEJAX_OPENBLAS_CORETYPE"):
+    return env["MOEJAX_OPENBLAS_CORETYPE"]
+  return "SKYLAKEX" if all(f in cpu_flags for f in AVX512) else None
+
+
+def cpu_flags() -> set[str]:
+  try:
+    text = Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return set()
+  line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+  return set(line.split(":", 1)[-1].split())
+
+
+def _init_blas(lib: ctypes.CDLL, lib_dir: Path) -> str | None:
+  """Hands the first BLAS that loads to the kernel, under `coretype`'s OPENBLAS_CORETYPE
+  (read when the library loads; restored after); its own threads are set to 1 (a private
+  copy: XLA's pool threads the kernel). Returns an error, or None."""
+  core, before = coretype(cpu_flags(), dict(os.environ)), os.environ.get("OPENBLAS_CORETYPE")
+  if core is not None:
+    os.environ["OPENBLAS_CORETYPE"] = core
+  try:
+    return _init_first(lib, lib_dir)
+  finally:
+    if core is not None and before is None:
+      del os.environ["OPENBLAS_CORETYPE"]
+    elif core is not None:
+      os.environ["OPENBLAS_CORETYPE"] = before
+
+
+def _init_first(lib: ctypes.CDLL, lib_dir: Path) -> str | None:
+  init = lib.moejax_native_init
+  init.restype = ctypes.c_char_p
+  init.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+  errors = []
+  for path, sgemm, ilp64, threads in blas_candidates(lib_dir):
+    err = init(path.encode(), sgemm.encode(), ilp64, threads.encode())
+    if err is None:
+      return None
+    errors.append(f"{path}: {err.decode()}")
+  return "; ".join(errors) or "no OpenBLAS found (scipy-openblas32)"
+
+
+@functools.cache
+def load() -> str | None:
+  """Loads and registers the FFI targets for the CPU platform. Returns None when the kernel
+  is ready, else the reason it is not (logged once)."""
+  path = library_path()
+  reason = None
+  if path is None or not path.exists():
+    reason = "not built (no C++ compiler at install time?)"
+  else:
+    try:
+      lib = ctypes.CDLL(str(path))
+      reason = _init_blas(lib, path.parent)
+      if reason is None:
+        for name in TARGETS:
+          jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+    except (OSError, AttributeError) as e:
+      reason = f"{path}: {e}"
+  if reason is not None:
+    log.warning("moejax native CPU kernel unavailable, using fused: %s", reason)
+  return reason
+
+
+def available() -> bool:
+  return load() is None

@@ -1,0 +1,93 @@
+"""The native routed expert FFN as a custom VJP over two XLA FFI calls (CPU).
+
+`y[t] = Σ_k w[row(t,k)] · SwiGLU_{e(row)}(x[t])`, as `fused.gather_swiglu_combine`, over a
+row buffer described by `tok_R` (each row's token, T for an empty row), `expert_R` (each
+row's expert) and `row_TxK` (each assignment's row, R if dropped). The forward call keeps one
+residual, the gate/up projection [R, 2F]; the backward call returns dx, dL/dw per row and
+the f32 weight gradients. Inputs are float32 or bfloat16 (f32 accumulation inside).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.errors import UserError
+
+DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def check(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD) -> None:
+  """One UserError line for an operand of the wrong dtype or shape."""
+  if x_TxD.dtype not in DTYPES:
+    raise UserError(f"impl='native' takes float32 or bfloat16 tokens, not {x_TxD.dtype}")
+  for name, a in (("w_R", w_R), ("w_gu", w_gu_ExDx2F), ("w_down", w_down_ExFxD)):
+    if a.dtype != x_TxD.dtype:
+      raise UserError(f"impl='native': {name} is {a.dtype}, the tokens {x_TxD.dtype}")
+  for name, a in (("tok_R", tok_R), ("expert_R", expert_R), ("row_TxK", row_TxK)):
+    if a.dtype != jnp.int32:
+      raise UserError(f"impl='native': {name} must be int32, not {a.dtype}")
+  T, D = x_TxD.shape if x_TxD.ndim == 2 else (None, None)
+  E, _, F2 = w_gu_ExDx2F.shape if w_gu_ExDx2F.ndim == 3 else (None, None, None)
+  R = w_R.shape[0] if w_R.ndim == 1 else None
+  expected = {
+    "x": (x_TxD.shape, (T, D)),
+    "w_gu": (w_gu_ExDx2F.shape, (E, D, F2)),
+    "w_down": (w_down_ExFxD.shape, (E, (F2 or 0) // 2, D)),
+    "w_R": (w_R.shape, (R,)),
+    "tok_R": (tok_R.shape, (R,)),
+    "expert_R": (expert_R.shape, (R,)),
+    "row_TxK": (row_TxK.shape, (T, row_TxK.shape[-1] if row_TxK.ndim == 2 else None)),
+  }
+  for name, (got, want) in expected.items():
+    if None in want or got != want or (name == "w_gu" and F2 % 2):
+      raise UserError(f"impl='native': {name} has shape {got}; shapes are x [T, D], "
+                      "w_gu [E, D, 2F], w_down [E, F, D], w_R/tok_R/expert_R [R], row_TxK [T, K]")
+
+
+def _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
+  R, F2 = w_R.shape[0], w_gu.shape[-1]
+  out = (jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype), jax.ShapeDtypeStruct((R, F2), x_TxD.dtype))
+  call = jax.ffi.ffi_call("moejax_native_forward", out, vmap_method="sequential")
+  return call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
+
+
+def _backward_call(x_TxD, dy_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
+  f32 = jnp.float32
+  out = (
+    jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype),
+    jax.ShapeDtypeStruct(w_R.shape, w_R.dtype),
+    jax.ShapeDtypeStruct(w_gu.shape, f32),
+    jax.ShapeDtypeStruct(w_down.shape, f32),
+  )
+  call = jax.ffi.ffi_call("moejax_native_backward", out, vmap_method="sequential")
+  return call(x_TxD, dy_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
+
+
+@jax.custom_vjp
+def swiglu_combine(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD):
+  """y_TxD; see the module docstring. Call `check` first (the FFI errors are not one line)."""
+  return _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD)[0]
+
+
+def _fwd(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
+  y_TxD, gu_Rx2F = _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
+  return y_TxD, (x_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
+
+
+def _float0(a):
+  return np.zeros(a.shape, jax.dtypes.float0)
+
+
+def _bwd(res, dy_TxD):
+  x_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down = res
+  dy_TxD = dy_TxD.astype(x_TxD.dtype)
+  dx, dw_R, dw_gu, dw_down = _backward_call(
+    x_TxD, dy_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down
+  )
+  ints = (_float0(tok_R), _float0(expert_R), _float0(row_TxK))
+  return (dx, dw_R, *ints, dw_gu.astype(w_gu.dtype), dw_down.astype(w_down.dtype))
+
+
+swiglu_combine.defvjp(_fwd, _bwd)
