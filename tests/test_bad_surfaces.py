@@ -63,11 +63,9 @@ def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
 
 
 def corrupt(path: str, n: int = 4096) -> None:
-  """Overwrites up to `n` record bytes of a file, from byte 1000 to at most its middle: the
-  same size, Riegeli's block headers (every 64 KiB) and the footer intact, so only records
-  fail their hash when read."""
-  size = os.path.getsize(path)
-  n = min(n, size // 2 - 1000, 65536 - 1100)
+  """Overwrites `n` bytes of a shard's records from byte 1000 (a small shard's records lie
+  in its first few KB, the rest is block padding and the footer): the same size, the first
+  record and the footer intact, so only records fail their hash when read."""
   with open(path, "r+b") as f:
     f.seek(1000)
     f.write(b"\xa5" * n)
@@ -141,8 +139,6 @@ def cases(world) -> dict[str, tuple[list[str], str, list[str]]]:
   return {
     "prepare_vocab_0": (prep_to("v0", "--config.data.bpe_vocab_size=0"), outs,
                         ["data.bpe_vocab_size=0", ">= 257"]),
-    "prepare_vocab_100": (prep_to("v100", "--config.data.bpe_vocab_size=100"), outs,
-                          ["data.bpe_vocab_size=100", ">= 257"]),
     "prepare_vocab_negative": (prep_to("vneg", "--config.data.bpe_vocab_size=-5"), outs,
                                ["data.bpe_vocab_size=-5", ">= 257"]),
     "prepare_hf_typo": (prep_to("hf", "--config.data.tokenizer=hf:/no/such/tok"), outs,
@@ -221,7 +217,6 @@ def bad_runs(world):
 
 CASES = [
   "prepare_vocab_0",
-  "prepare_vocab_100",
   "prepare_vocab_negative",
   "prepare_hf_typo",
   "prepare_empty_sample",
@@ -275,13 +270,14 @@ def one_line(fn, *needles) -> str:
   "kw",
   [
     dict(bpe_vocab_size=0),
+    dict(bpe_vocab_size=100),
     dict(bpe_vocab_size=-5),
     dict(bpe_sample_bytes=0),
     dict(seq_len=1),
     dict(tokenizer="hf:/no/such/tok"),
     dict(verify_shards="yes"),
   ],
-  ids=lambda kw: next(iter(kw)),
+  ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
 def test_prepare_and_the_in_memory_path_refuse_the_same_values(world, tmp_path, kw):
   c = data_cfg(world["c"].paths, **kw)
@@ -404,7 +400,7 @@ def test_training_stops_at_a_corrupt_record_and_keeps_its_last_checkpoint(world,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
   assert first.returncode == 0, first.stderr[-3000:]
   for s in world["manifest"]["train"]["shards"]:
-    corrupt(os.path.join(d, s["file"]), n=10**9)  # up to half of every shard's records
+    corrupt(os.path.join(d, s["file"]))  # dozens of each shard's records
   before = tree_hash(os.path.join(workdir, "checkpoints"))
   proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
   assert_user_error(proc, "array_record: record", "is corrupt", "last checkpoint")
