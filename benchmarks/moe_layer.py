@@ -1,10 +1,14 @@
 """MoEBlock forward+backward time over a dense SwiGLU FFN of width K·f on the same tokens.
 
-Run: python benchmarks/moe_layer.py [--repeats 7] [--block 32] [--impls fused,blocked]
+Run: python benchmarks/moe_layer.py [--repeats 7] [--block 32] [--impls fused,native]
+(pinned to one core: `taskset -c 0 python benchmarks/moe_layer.py ...`).
 Prints one row per (T, d, f, E, K) and dispatch impl with the ratios dropless/dense,
 capacity(1.25)/dense and, when torch and transformers are installed
 (`pip install -e .[bench]`), dropless over transformers' OLMoE sparse block on the same
-shape (below 1: ours is faster), all timed interleaved in the same process.
+shape (below 1: ours is faster), all timed interleaved in the same process. The MoE arms do
+the dense arm's GEMM FLOPs (T·K rows of width f against T rows of width K·f), so 1/ratio is
+the fraction of the dense FFN's GEMM rate an impl reaches. `native` is the C++ FFI kernel
+(moejax/kernels/native; `fused` where it is not built).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--block", type=int, default=32)
   p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
-  p.add_argument("--impls", default="auto", help="dispatch impls to time side by side")
+  p.add_argument("--impls", default="fused,native", help="dispatch impls to time side by side")
   args = p.parse_args()
   hf = hf_olmoe.available() and not args.no_hf
   print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")

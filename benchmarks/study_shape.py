@@ -1,11 +1,13 @@
 """Training throughput at the fine-grained shapes the calibration study uses, vs dense.
 
 Run: python benchmarks/study_shape.py [--repeats 5] [--shapes 64/8/32,32/4/64] [--quickstart]
-  [--impls fused,blocked]
+  [--impls fused,native]
 Each shape is `base_config()` with `model.moe.update(rule="qwen3_moe", n_experts=E,
 top_k=K, d_expert=f)`, against a dense twin with d_ff = K·f, timed interleaved in one
 process (see train_step.py). `--quickstart` adds configs/quickstart.py as a row. `--impls`
-times one MoE arm per dispatch impl in the same interleave (a before/after comparison).
+times one MoE arm per dispatch impl in the same interleave (default: `fused` and `native`,
+the C++ FFI kernel; `--impls ""` times the config's own impl). Pinned to one core:
+`taskset -c 0 python benchmarks/study_shape.py ...`.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--shapes", default="64/8/32,32/4/64", help="E/K/f, comma-separated")
   p.add_argument("--quickstart", action="store_true")
-  p.add_argument("--impls", default="", help="dispatch impls to time side by side")
+  p.add_argument("--impls", default="fused,native", help="dispatch impls to time side by side")
   args = p.parse_args()
   impls = tuple(v for v in args.impls.split(",") if v)
   print(f"backend={jax.default_backend()} devices={jax.device_count()}")

@@ -33,12 +33,13 @@ def test_every_kernel_declares_backends_modes_and_a_description():
 
 
 def test_auto_is_a_lookup_per_platform_and_never_ragged_off_tpu():
-  for p in ("cpu", "rocm"):
-    assert dsp.resolve_impl("auto", "dropless", p) == "fused"
+  assert dsp.resolve_impl("auto", "dropless", "rocm") == "fused"
+  assert dsp.CPU_AUTO in ("native", "fused")  # native where built (tests/test_native.py)
+  assert all(dsp.resolve_impl("auto", m, "cpu") == dsp.CPU_AUTO for m in dsp.MODES)
   assert dsp.resolve_impl("auto", "dropless", "cuda") == "tokamax"
   assert dsp.resolve_impl("auto", "dropless", "tpu") == "megablox"
   assert dsp.resolve_impl("auto", "capacity", "cuda") == "batched"
-  assert all(dsp.resolve_impl("auto", "capacity", p) == "fused" for p in ("cpu", "rocm", "tpu"))
+  assert all(dsp.resolve_impl("auto", "capacity", p) == "fused" for p in ("rocm", "tpu"))
   assert dsp.resolve_impl("ragged", "dropless", "cuda") == "ragged"
   for mode, table in dsp.AUTO.items():  # auto only picks a kernel that serves the mode
     assert all(mode in dsp.KERNELS[name].modes for name in table.values()), mode
