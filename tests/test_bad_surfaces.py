@@ -432,6 +432,7 @@ def test_a_cache_entry_whose_fields_have_other_types_is_a_miss(tmp_path):
     "arguments": True,
     "refused": 0,
     "loops": [["while.1", "4", 0, "scan", [3, 1, 0, []], None, ""]],
+    "kernels": [["gmm", "2"]],
   }
   (tmp_path / f"{'0' * 64}.json").write_text(json.dumps(good))
   hit = store.load("0" * 64)

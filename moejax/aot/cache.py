@@ -97,7 +97,7 @@ def _is(value, kind) -> bool:
 
 
 def _pairs(value) -> bool:
-  """A list of [str, int] pairs (a loop body's custom calls)."""
+  """A list of [str, int] pairs (custom calls: a loop body's, the program's `kernels`)."""
   return isinstance(value, list) and all(
     isinstance(p, list) and len(p) == 2 and _is(p[0], str) and _is(p[1], int) for p in value
   )
@@ -126,6 +126,8 @@ def check_types(d) -> None:
   bad = [f for f in FIELDS if not _is(d[f], bool if f == "refused" else int)]
   if not isinstance(d["loops"], list) or not all(map(_typed_loop, d["loops"])):
     bad.append("loops")
+  if not _pairs(d.get("kernels")):  # [[custom-call target, count], ...]
+    bad.append("kernels")
   if bad:
     raise ValueError(f"compile answer with mistyped fields: {', '.join(bad)}")
 

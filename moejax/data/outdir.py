@@ -59,7 +59,8 @@ def survey(out: str) -> Out:
   plan = read_json(runio.path(out, STATE, PLAN))
   state = runio.path(out, STATE)
   parts = len(list(state.glob("part-*.json"))) if state.exists() else 0
-  if plan is None and [e for e in entries if e != STATE] + ([STATE] if parts else []):
+  others = [e for e in entries if e != STATE]  # a killed first write leaves STATE alone
+  if plan is None and (others or parts):
     shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
     raise UserError(
       f"--out {out} is not empty ({shown}) and holds no prepare of its own "
