@@ -58,7 +58,7 @@ def main() -> None:
   print(f"backend={jax.default_backend()} devices={jax.device_count()}")
   print(HEADER)
   print("|---|---|---:|---:|---:|---:|---:|---:|")
-  for shape in args.shapes.split(","):
+  for shape in filter(None, args.shapes.split(",")):
     E, K, f = (int(v) for v in shape.split("/"))
     print(rows(f"E{E}/K{K}/f{f}", study_config(E, K, f), args.repeats, impls), flush=True)
   if args.quickstart:

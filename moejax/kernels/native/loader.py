@@ -13,6 +13,7 @@ import ctypes
 import functools
 import logging
 import os
+import sysconfig
 from pathlib import Path
 
 import jax
@@ -23,11 +24,14 @@ TARGETS = ("moejax_native_forward", "moejax_native_backward")
 
 
 def library_path() -> Path | None:
-  """The built kernel: $MOEJAX_NATIVE_LIB, else `_moejax_native*.so` beside this file."""
+  """The built kernel: $MOEJAX_NATIVE_LIB, else `_moejax_native*.so` beside this file, this
+  interpreter's build first (a source tree shared by editable installs of two Pythons holds
+  one per Python; the library uses no Python API, so either loads)."""
   if os.environ.get("MOEJAX_NATIVE_LIB"):
     return Path(os.environ["MOEJAX_NATIVE_LIB"])
+  own = HERE / f"_moejax_native{sysconfig.get_config_var('EXT_SUFFIX')}"
   found = sorted(HERE.glob("_moejax_native*.so"))
-  return found[0] if found else None
+  return own if own.exists() else (found[0] if found else None)
 
 
 def blas_candidates(lib_dir: Path) -> list[tuple[str, str, int, str]]:
