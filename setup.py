@@ -26,7 +26,7 @@ class BuildNative(build_ext):
   time, compiles, and copies the OpenBLAS library beside the kernel, which loads it by path."""
 
   def build_extension(self, ext):
-    from setuptools.errors import CompileError  # noqa: PLC0415
+    from setuptools.errors import CompileError
 
     jaxlib, openblas = _package_dir("jaxlib"), _package_dir("scipy_openblas32")
     if jaxlib is None or openblas is None:

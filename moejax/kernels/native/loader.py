@@ -37,10 +37,12 @@ def library_path() -> Path | None:
 def blas_candidates(lib_dir: Path) -> list[tuple[str, str, int, str]]:
   """(path, sgemm symbol, 64-bit ints, thread-count setter) to try, in order: the OpenBLAS
   copied beside the kernel, then an installed scipy-openblas32 wheel."""
-  out = [(str(p), "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads")
-         for p in sorted(lib_dir.glob("libscipy_openblas*.so"))]
+  out = [
+    (str(p), "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads")
+    for p in sorted(lib_dir.glob("libscipy_openblas*.so"))
+  ]
   try:
-    import scipy_openblas32 as ob  # noqa: PLC0415 (optional)
+    import scipy_openblas32 as ob
 
     path = os.path.join(ob.get_lib_dir(), ob.get_library(fullname=True))
     out.append((path, "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads"))

@@ -42,8 +42,10 @@ def check(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD) -> No
   }
   for name, (got, want) in expected.items():
     if None in want or got != want or (name == "w_gu" and F2 % 2):
-      raise UserError(f"impl='native': {name} has shape {got}; shapes are x [T, D], "
-                      "w_gu [E, D, 2F], w_down [E, F, D], w_R/tok_R/expert_R [R], row_TxK [T, K]")
+      raise UserError(
+        f"impl='native': {name} has shape {got}; shapes are x [T, D], "
+        "w_gu [E, D, 2F], w_down [E, F, D], w_R/tok_R/expert_R [R], row_TxK [T, K]"
+      )
 
 
 def _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
