@@ -8,6 +8,11 @@ Tiny shapes, on CPU (tests/test_benchmarks.py runs this with --n-layers 1 --seq-
     --n-kv-heads 1 --seq-len 32 --batch 4 --vocab 0 --coarse 8/2/16 --fine 16/4/8 \
     --dtype float32 --out /tmp/bench/accelerator
 
+Deviceless, from any host (its dry run: every arm of a GPU or TPU plan compiled by XLA:GPU or
+XLA:TPU for compile-only devices, as `describe --gpu/--topology` does; memory and kernels,
+no timing; the full tier runs it for one H100):
+  JAX_PLATFORMS=cpu python benchmarks/accelerator.py --compile-only h100:1 [shape flags]
+
 Only tested on CPU: no GPU or TPU was available where it was written, so no accelerator
 figure has been measured with it yet.
 
@@ -263,17 +268,70 @@ def run_arm(args, arm: Arm) -> dict:
   }
 
 
-def probe() -> dict:
+def compile_target(descriptor: str):
+  """`--compile-only`'s compile-only devices: a GPU node (`h100:8`) or a TPU topology."""
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+
+  kind = descriptor.partition(":")[0].lower()
+  return aot.gpu_target(descriptor) if kind in aot.GPUS else aot.tpu_target(descriptor)
+
+
+def compile_arm(args, arm: Arm) -> dict:
+  """The arm's train step compiled for `--compile-only`'s devices (`aot.footprint`): its
+  per-device bytes and the kernels it holds, nothing run."""
+  from moejax import aot, build  # pylint: disable=import-outside-toplevel
+  from moejax.sizing import flops, worksheet
+
+  c = arm_config(args, arm)
+  target = compile_target(args.compile_only)
+  t = time.perf_counter()
+  fp = aot.footprint(c, target, arm.name)
+  compile_s = time.perf_counter() - t
+  run = aot.abstract_run(c, target).run
+  mc = build.model_config(c, worksheet.nominal_vocab(c)[0])
+  return {
+    **arm.to_json(),
+    "d_ff": mc.d_ff if arm.model == "dense" else 0,
+    "tokens_per_s": None,
+    "step_s": None,
+    "compile_s": compile_s,
+    "flops_per_token": flops.Perf.for_run(mc, c.data.seq_len).flops.at(),
+    "tflops_per_device": None,
+    "mfu": None,
+    "peak_bytes": fp.total,
+    "peak_source": f"compiled for {target.name}",
+    "fits": fp.fits,
+    "kernels": dict(fp.kernels),
+    "loops": len(fp.loops),
+    "n_params": run.n_params,
+    "n_active_params": run.n_active,
+    "env_xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "error": None,
+  }
+
+
+def _device(args):
+  """(platform, the first device) the arms run or compile on."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if args.compile_only:
+    target = compile_target(args.compile_only)
+    return target.platform, target.devices[0], target.n_devices
+  d = jax.devices()[0]
+  platform = d.platform
+  if platform == "gpu":
+    platform = "rocm" if "rocm" in str(d.client.platform_version).lower() else "cuda"
+  return platform, d, jax.device_count()
+
+
+def probe(args) -> dict:
   """The backend as the workers will see it (its own process: a TPU opens in one only)."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from moejax.kernels import dispatch  # pylint: disable=import-outside-toplevel
   from moejax.sizing import flops
 
-  d = jax.devices()[0]
-  platform = d.platform
-  if platform == "gpu":
-    platform = "rocm" if "rocm" in str(d.client.platform_version).lower() else "cuda"
+  platform, d, n_devices = _device(args)
   kernels = getattr(dispatch, "KERNELS", None)
   impls = impls_for(platform, kernels)
   dropless, capacity = split_modes(platform, impls, kernels)
@@ -284,7 +342,8 @@ def probe() -> dict:
   return {
     "platform": platform,
     "device_kind": d.device_kind,
-    "n_devices": jax.device_count(),
+    "n_devices": n_devices,
+    "compile_only": args.compile_only or None,
     "peak_bf16_tflops": flops.peak_bf16_tflops(d.device_kind),
     "jax": jax.__version__,
     "impls": impls,
@@ -362,6 +421,14 @@ def table_row(r: dict) -> str:
       f"| {r['name']} | {ekf} | {mode} | {r['impl'] or '—'} | — | — | — | — | — | {r['error']} |"
     )
   note = "XLA_FLAGS " + r["xla_flags"] if r["xla_flags"] else ""
+  if r.get("step_s") is None:  # --compile-only
+    kernels = ", ".join(f"{k} {n}" for k, n in sorted(r.get("kernels", {}).items()))
+    fit = "fits" if r.get("fits") else "DOES NOT FIT"
+    note = "; ".join(s for s in (fit, kernels, f"{r.get('loops', 0)} loops", note) if s)
+    return (
+      f"| {r['name']} | {ekf} | {mode} | {r['impl'] or '—'} | — | — | — | "
+      f"{_bytes(r['peak_bytes'])} ({r['peak_source']}) | {r['compile_s']:.1f} | {note} |"
+    )
   return (
     f"| {r['name']} | {ekf} | {mode} | {r['impl'] or '—'} | {r['tokens_per_s']:,.0f} | "
     f"{r['tflops_per_device']:.3g} | {_fmt(r['mfu'], '.1%')} | "
@@ -431,6 +498,11 @@ def parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--xla-cache", default="", help="a persistent compilation cache dir for reruns")
   p.add_argument("--set", type=parse_set, action="append", default=[], help="KEY=VALUE")
+  p.add_argument(
+    "--compile-only",
+    default="",
+    help="compile every arm for compile-only devices (h100:1, v5e:2x2) from this host; no timing",
+  )
   p.add_argument("--worker", help=argparse.SUPPRESS)
   p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
   return p
@@ -440,6 +512,8 @@ def forwarded_flags(args) -> list[str]:
   """The flags a worker needs to rebuild the same configs."""
   argv = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SHAPE_FLAGS]
   argv += [f"--dtype={args.dtype}", f"--repeats={args.repeats}", f"--attention={args.attention}"]
+  if args.compile_only:
+    argv.append(f"--compile-only={args.compile_only}")
   for key, value in args.set:
     argv.append(f"--set={key}={value!r}")
   return argv
@@ -455,13 +529,15 @@ def main() -> None:
   if args.worker:
     d = json.loads(args.worker)
     arm = Arm(**{**d, "shape": Shape(**d["shape"])})
-    print(RESULT + json.dumps(run_arm(args, arm)), flush=True)
+    result = compile_arm(args, arm) if args.compile_only else run_arm(args, arm)
+    print(RESULT + json.dumps(result), flush=True)
     return
   if args.probe:
-    print(RESULT + json.dumps(probe()), flush=True)
+    print(RESULT + json.dumps(probe(args)), flush=True)
     return
   t0 = time.time()
-  info = _result(_child(args, ["--probe"]))
+  only = [f"--compile-only={args.compile_only}"] if args.compile_only else []
+  info = _result(_child(args, ["--probe", *only]))
   if info.get("error"):
     _fail(f"the backend probe failed ({info['error']})")
   impls = info["impls"]

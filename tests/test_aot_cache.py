@@ -24,6 +24,7 @@ def test_a_compile_answer_round_trips_through_json():
   answer = {
     "arguments": 11, "outputs": 7, "aliased": 5, "temporaries": 3 << 30, "code": 2,
     "refused": False, "loops": aot.loops.report_text(HLO),
+    "kernels": (("mosaic_gpu", 6), ("triton", 2)),
   }  # fmt: skip
   assert len(answer["loops"]) == 3
   assert cache.decode(cache.encode(answer)) == answer

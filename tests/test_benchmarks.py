@@ -199,3 +199,38 @@ def test_bad_shape_is_a_one_line_error():
     [sys.executable, SCRIPT, "--coarse=8/9/16"], capture_output=True, text=True, check=False
   )
   assert proc.returncode == 2 and "need 1 <= K <= E" in proc.stderr
+
+
+@FULL
+def test_compile_only_dry_run_compiles_the_gpu_plan_for_an_h100(tmp_path):
+  """The device benchmark's dry run (`--compile-only h100:1`, jax's CUDA plugin): the CUDA
+  plan's arms compiled by XLA:GPU for a compile-only H100, each row with its per-device bytes
+  and kernels and no timing; tokamax's bf16 grouped matmuls are Mosaic GPU kernels there."""
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+
+  if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
+    pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
+  out = str(tmp_path / "dry")
+  shape = ["--d-model=128", "--coarse=8/2/128", "--fine=16/4/64", "--seq-len=128"]
+  argv = [*TINY, *shape, "--dtype=bfloat16", "--impls=tokamax,batched", "--arm-timeout=900"]
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, *argv, "--compile-only=h100:1", f"--out={out}"],
+    cwd=ROOT,
+    env={**os.environ, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=2400,
+    check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  with open(f"{out}.json") as f:
+    report = json.load(f)
+  assert report["probe"]["platform"] == "cuda" and report["probe"]["compile_only"] == "h100:1"
+  arms = {a["name"]: a for a in report["arms"]}
+  assert set(arms) == {"dense", "coarse-tokamax", "fine-tokamax",
+                       "coarse-capacity-batched", "fine-capacity-batched"}  # fmt: skip
+  for arm in arms.values():
+    assert arm["error"] is None and arm["step_s"] is None, arm
+    assert arm["peak_bytes"] > 0 and arm["fits"] and "tpu" not in arm["kernels"], arm
+  for name in ("coarse-tokamax", "fine-tokamax"):
+    assert arms[name]["kernels"].get("mosaic_gpu", 0) > 0, arms[name]

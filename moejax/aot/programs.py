@@ -61,6 +61,17 @@ def target_mesh(c: ml_collections.ConfigDict, target: Target):
   return compat.abstract_mesh(shape, sharding.AXES, gpu)
 
 
+def tracing_on(target: Target):
+  """The context the target's programs are traced in: its first compile-only device as JAX's
+  default device, as on a host of that accelerator, where tokamax picks its kernels from the
+  default device (Mosaic GPU on an sm90 GPU; traced from a CPU default it would be Triton,
+  a program the GPU host never runs). A target without devices (`export_gpu`) names the
+  GPU its Triton kernels lower for instead (`compat.gpu_target`)."""
+  if target.devices:
+    return jax.default_device(target.devices[0])
+  return compat.lowering_for((target.platform,))
+
+
 def _with_shardings(tree, shardings):
   return jax.tree.map(
     lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), tree, shardings
@@ -148,7 +159,8 @@ def footprint(
   is read from it instead (`Footprint.cached`), and a new answer is written to it."""
   abstract = abstract_run(c, target)
   try:
-    lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
+    with tracing_on(target):
+      lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
     k = cache.key(lowered.as_text(), target) if store else ""
     hit = store.load(k) if store else None
     answer = hit or _compiled(lowered, abstract)
@@ -193,4 +205,5 @@ def grid_forward(c: ml_collections.ConfigDict, target: Target, k1: int | None = 
     jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
     jax.ShapeDtypeStruct((n_moe,), jnp.float32, sharding=rep),
   )
-  return fwd.compiled(k1, True).lower(*args).compile()
+  with tracing_on(one):
+    return fwd.compiled(k1, True).lower(*args).compile()
