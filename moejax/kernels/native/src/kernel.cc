@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "blas.h"
+#include "buffers.h"
 #include "layout.h"
 #include "pool.h"
 #include "swiglu.h"
@@ -131,7 +132,7 @@ template <typename X>
 void forward(ThreadPoolRef pool, const Problem<X>& p, X* y_TxD, X* gu_Rx2F) {
   ExpertRows er = group_rows(p.tok_R, p.expert_R, p.R, p.T, p.E);
   std::vector<Item> items = row_blocks(er, kBlock);
-  std::unique_ptr<float[]> y_RxD(new float[p.R * p.D]);
+  Scratch y_RxD(p.R * p.D);
   zero_dead_rows(p, 2 * p.F, gu_Rx2F);
   parallel_for(pool, int64_t(items.size()), [&](int64_t i) {
     const Item& it = items[i];
@@ -146,7 +147,7 @@ void backward(ThreadPoolRef pool, const Problem<X>& p, const X* dy_TxD, const X*
               X* dx_TxD, X* dw_R, float* dw_gu, float* dw_down) {
   ExpertRows er = group_rows(p.tok_R, p.expert_R, p.R, p.T, p.E);
   std::vector<int64_t> order = experts_by_load(er);
-  std::unique_ptr<float[]> dx_RxD(new float[p.R * p.D]);
+  Scratch dx_RxD(p.R * p.D);
   std::fill(dw_gu, dw_gu + p.E * p.D * 2 * p.F, 0.0f);
   std::fill(dw_down, dw_down + p.E * p.F * p.D, 0.0f);
   zero_dead_rows(p, 1, dw_R);
