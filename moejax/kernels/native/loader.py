@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import logging
 import os
 import sysconfig
@@ -36,19 +37,12 @@ def library_path() -> Path | None:
 
 def blas_candidates(lib_dir: Path) -> list[tuple[str, str, int, str]]:
   """(path, sgemm symbol, 64-bit ints, thread-count setter) to try, in order: the OpenBLAS
-  copied beside the kernel, then an installed scipy-openblas32 wheel."""
-  out = [
-    (str(p), "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads")
-    for p in sorted(lib_dir.glob("libscipy_openblas*.so"))
-  ]
-  try:
-    import scipy_openblas32 as ob
-
-    path = os.path.join(ob.get_lib_dir(), ob.get_library(fullname=True))
-    out.append((path, "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads"))
-  except ImportError:
-    pass
-  return out
+  copied beside the kernel, then an installed scipy-openblas32 wheel's (found, not imported)."""
+  spec = importlib.util.find_spec("scipy_openblas32")
+  wheel = [] if spec is None else [Path(d) / "lib" for d in spec.submodule_search_locations]
+  dirs = [lib_dir, *wheel]
+  found = [p for d in dirs for p in sorted(d.glob("libscipy_openblas*.so"))]
+  return [(str(p), "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads") for p in found]
 
 
 AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")  # what OpenBLAS's SkylakeX kernels need
