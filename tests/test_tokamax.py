@@ -246,3 +246,24 @@ def test_new_kernels_compile_for_an_h100_without_a_while_loop(h100):
   qkv = [((2, 256, 4, 64), bf), ((2, 256, 2, 64), bf), ((2, 256, 2, 64), bf)]
   att = _gpu_program(h100, lambda q, k, v: jnp.sum(tokamax_attention(q, k, v) ** 2), *qkv)
   assert " while(" not in att and 'custom_call_target="mosaic_gpu' in att
+
+
+def test_cache_miss_lines_are_kept_only_for_the_default_devices_own_ops():
+  """tokamax's "Autotuning cache miss" line, shortened, once per op and device kind, and only
+  for an op of the default device's platform: every host traces both accelerator branches."""
+  import logging  # pylint: disable=import-outside-toplevel
+
+  def record(op_name: str, kind: str) -> logging.LogRecord:
+    op = type(op_name, (), {})()
+    return logging.LogRecord("absl", logging.WARNING, "", 0, "Autotuning cache miss %s %s",
+                             (op, kind), None)  # fmt: skip
+
+  f = tokamax_ragged._CacheMisses()
+  h100, v5e = "NVIDIA H100 80GB HBM3", "TPU v5 lite"
+  kept = record("PallasMosaicGpuRaggedDot", h100)
+  assert f.filter(kept) and kept.getMessage().startswith("tokamax PallasMosaicGpuRaggedDot on")
+  assert not f.filter(record("PallasMosaicGpuRaggedDot", h100))  # once
+  assert not f.filter(record("PallasTritonRaggedDot", v5e))
+  assert not f.filter(record("PallasMosaicTpuRaggedDot", h100))
+  assert f.filter(record("PallasMosaicTpuRaggedDot", v5e))
+  assert not f.filter(record("PallasTritonRaggedDot", "cpu"))
