@@ -30,12 +30,14 @@ TINY = [
   "--repeats=1",
   "--budget-s=3000",  # a loaded CPU runner is slow; the default 280 s is for a device host
 ]
-CPU_ARMS = [
+CPU_ARMS = [  # the CPU kernels in moejax.kernels.dispatch.KERNELS' order, then ragged
   "dense",
   "coarse-fused",
+  "coarse-native",
   "coarse-blocked",
   "coarse-ragged",
   "fine-fused",
+  "fine-native",
   "fine-blocked",
   "fine-ragged",
 ]
