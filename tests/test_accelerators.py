@@ -20,7 +20,7 @@ its temporaries stay within EXPANSION x those of the `fused` block loop, and `ra
 can fail.
 
 Each preset runs at its own widths, cut to its first MoE layer (its dense layers before it
-kept) and 8-token sequences (128 for splash attention): compile time grows with layers and
+kept) and 8-token sequences (128 for flash attention): compile time grows with layers and
 tokens, the checks do not. Both compilers load in this process with JAX_PLATFORMS=cpu left
 set, so the host backend stays the CPU's. Without libtpu the TPU tests skip, unless
 MOEJAX_REQUIRE_TPU is set; without the CUDA plugin the GPU compiles skip, unless
@@ -76,14 +76,16 @@ def load(preset: str):
 
 
 def tiny(preset: str, mode: str, impl: str):
-  """The preset at its first MoE layer on the (2, 2, 2) mesh, 8-token sequences (longer
-  where its `group_size` needs more tokens)."""
+  """The preset at its first MoE layer on the (2, 2, 2) mesh, 8-token sequences (128 with
+  flash attention, longer where its `group_size` needs more tokens)."""
   c = load(preset)
   c.model.n_layers = c.model.first_dense + 1
   c.model.moe.update(dispatch=mode, impl=impl)
   c.mesh.update(**MESH)
-  # splash attention needs sequences of a multiple of 128 tokens
-  seq_len, group = (128 if c.model.attention == "splash" else 8), c.model.moe.group_size
+  # splash and tokamax's Mosaic TPU flash attention (traced on a TPU default device, as on a
+  # TPU host) need sequences of a multiple of their 128-token blocks
+  flash = c.model.attention in ("splash", "tokamax")
+  seq_len, group = (128 if flash else 8), c.model.moe.group_size
   while group and (ROWS * seq_len) % group:
     seq_len *= 2
   c.data.update(batch_size=ROWS * c.train.grad_accum, seq_len=seq_len)
