@@ -22,7 +22,7 @@ compute, each block rematerialized, splash attention, FSDP over 16 chips, megabl
 
 `get_config("gpu")` is the same model and tokens per step on one node of 8 H100s: bf16,
 FSDP over the 8 GPUs, tokamax's grouped matmuls and flash attention (`impl=tokamax`,
-`attention=tokamax`: no while loop in the compiled step), no remat: 24.09 of 59.33 GiB per
+`attention=tokamax`: no while loop in the compiled step), no remat: 25.15 of 59.33 GiB per
 GPU by XLA:GPU's memory analysis of a deviceless compile (`describe --gpu h100:8`).
 """
 
@@ -64,8 +64,8 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     # one 8 x H100 node: the same model and 256 x 1024 tokens per step, FSDP over the 8 GPUs,
     # tokamax's grouped matmuls (no block loop) and flash attention (no L x L). By XLA:GPU's
     # memory analysis (`python -m moejax.describe --config configs/study_calibration.py:gpu
-    # --gpu h100:8`): 24.09 GiB per device of the 59.33 GiB JAX's pool gets (0.75 of 80 GB)
-    # without remat, so no remat (9.42 GiB with remat="full")
+    # --gpu h100:8`): 25.15 GiB per device of the 59.33 GiB JAX's pool gets (0.75 of 80 GB)
+    # without remat, so no remat (9.42 GiB with remat="full", with Triton kernels)
     c.model.update(attention="tokamax", remat="none")
     c.model.moe.update(impl="tokamax")
     c.mesh.update(data=-1, fsdp=8)
