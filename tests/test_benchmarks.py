@@ -126,25 +126,30 @@ def test_one_dense_twin_per_active_width(bench):
   assert [a.name for a in other if a.model == "dense"] == ["dense", "dense-1024"]
 
 
-@pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory):
-  out = str(tmp_path_factory.mktemp("bench") / "accelerator")
-  env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", "WANDB_MODE": "disabled"}
+def run_bench(argv: list[str], out: str, env: dict, timeout: int):
+  """The benchmark run to completion with `argv`: (its JSON report, its stdout)."""
   proc = subprocess.run(
-    [sys.executable, SCRIPT, *TINY, f"--out={out}"],
+    [sys.executable, SCRIPT, *argv, f"--out={out}"],
     cwd=ROOT,
-    env=env,
+    env={**os.environ, **env},
     capture_output=True,
     text=True,
-    timeout=1200,
+    timeout=timeout,
     check=False,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   with open(f"{out}.json") as f:
-    report = json.load(f)
+    return json.load(f), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("bench") / "accelerator")
+  env = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1", "WANDB_MODE": "disabled"}
+  report, stdout = run_bench(TINY, out, env, timeout=1200)
   with open(f"{out}.md") as f:
     md = f.read()
-  return report, md, proc.stdout
+  return report, md, stdout
 
 
 @FULL
@@ -215,18 +220,8 @@ def test_compile_only_dry_run_compiles_the_gpu_plan_for_an_h100(tmp_path):
   out = str(tmp_path / "dry")
   shape = ["--d-model=128", "--coarse=8/2/128", "--fine=16/4/64", "--seq-len=128"]
   argv = [*TINY, *shape, "--dtype=bfloat16", "--impls=tokamax,batched", "--arm-timeout=900"]
-  proc = subprocess.run(
-    [sys.executable, SCRIPT, *argv, "--compile-only=h100:1", f"--out={out}"],
-    cwd=ROOT,
-    env={**os.environ, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"},
-    capture_output=True,
-    text=True,
-    timeout=2400,
-    check=False,
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  with open(f"{out}.json") as f:
-    report = json.load(f)
+  env = {"WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+  report, _ = run_bench([*argv, "--compile-only=h100:1"], out, env, timeout=2400)
   assert report["probe"]["platform"] == "cuda" and report["probe"]["compile_only"] == "h100:1"
   arms = {a["name"]: a for a in report["arms"]}
   assert set(arms) == {"dense", "coarse-tokamax", "fine-tokamax",
