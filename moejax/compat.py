@@ -18,8 +18,6 @@ import contextlib
 import jax
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, Mesh
 
-# major.minor of the jax in use, for the rare branch that cannot be written once
-JAX_LINE: tuple[int, int] = tuple(int(p) for p in jax.__version__.split(".")[:2])  # type: ignore[assignment]
 # The GPU a CUDA lowering targets when no GPU is JAX's default device (the device kind a real
 # H100 SXM reports: jax's pallas/triton/gpu_info.py registry)
 DEFAULT_GPU_KIND = "NVIDIA H100 80GB HBM3"
