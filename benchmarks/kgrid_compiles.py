@@ -19,6 +19,7 @@ from moejax import build
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import loading
 from moejax.kgrid.forward import CellForward
+from moejax.nn.overrides import Overrides
 from moejax.training import step as step_lib
 
 _COMPILES: list[float] = []
@@ -57,7 +58,8 @@ def main() -> None:
 
   def per_cell():
     for k1, k2 in cells:
-      fn = step_lib.make_eval_step(ev.graphdef, k=k1, k2=None if k2 == "native" else k2)
+      ov = Overrides(k=k1, k2=None if k2 == "native" else k2)
+      fn = step_lib.make_eval_step(ev.graphdef, ov)
       step_lib.evaluate_batches(jax.jit(fn), state, batches)
 
   def shared():

@@ -72,6 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
     dtype="float32",  # compute dtype; parameters, optimizer, router, losses stay float32
     remat="none",  # moejax.nn.remat.REMAT_POLICIES: none | full | minimal | dots_saveable
     attention="xla",  # moejax.nn.attention.ATTENTION_IMPLS: xla | dot_product | splash | tokamax
+    scan_layers=True,  # the layer stack as lax.scans over stacked parameters (moejax.nn.stack)
     init_std=0.02,
     moe_every=1,
     first_dense=0,

@@ -9,10 +9,14 @@ sum); `format_worksheet` renders it as text. The trainer stores `to_dict()` unde
     python -m moejax.describe --config configs/full/mixtral.py [--config.a.b=v] [--json]
     python -m moejax.describe --config C --topology v5e:4x4   # TPU (the tpu extra)
     python -m moejax.describe --config C --gpu h100:8         # GPUs (the cuda extra)
+    python -m moejax.describe --config C --fit tpu-v5e        # the smallest slice that fits
 
 `--topology` / `--gpu` add the fit table (`format_fit`): the train step compiled ahead of
 time for the target's compile-only devices by `moejax.aot`, its per-device bytes and whether
-they fit the device's memory, then the compiled step's while loops (`aot.loops`).
+they fit the device's memory, then the compiled step's while loops (`aot.loops`). `--fit
+FAMILY` (`aot.fit.FAMILIES`: tpu-v5e, tpu-v6e, a100, h100, h200, b200) tries the family's
+sizes from the smallest, one table row each, and prints the fit table of the first that fits
+(`fit_search`; the mesh rule and the lower bound that skips compiles: `moejax.aot.fit`).
 
 Counting convention: every `nnx.Param` leaf is counted once, in exactly one group (an
 unknown path is an error, so nothing goes uncounted). "Active" is what one token reads at
@@ -23,6 +27,7 @@ conventions are reported (see `CONVENTIONS`).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import ml_collections
@@ -80,8 +85,10 @@ def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
     f"fit: {t.name} ({t.n_devices} devices, {t.hbm_bytes / 2**30:.2f} GiB usable each:",
     f"  {t.hbm_source})",
     f"  train step per device: impl {fp.impl}, mesh {mesh}, grad_accum {c.train.grad_accum},",
-    f"  batch {c.data.batch_size} x {c.data.seq_len} tokens, dtype {c.model.dtype}, "
-    f"remat {c.model.remat}, attention {c.model.attention}",
+    (
+      f"  batch {c.data.batch_size} x {c.data.seq_len} tokens, dtype {c.model.dtype}, "
+      f"remat {c.model.remat}, attention {c.model.attention}"
+    ),
   ]
   lines += [f"    {name:<16}{_gib(n)}  {note}" for name, n, note in rows]
   if grid is not None:
@@ -100,10 +107,14 @@ def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
   return "\n".join(lines)
 
 
-def resolve_target(topology: str = "", gpu: str = ""):
-  """The `moejax.aot.Target` of `--topology` or `--gpu` (refused before anything compiles)."""
-  if topology and gpu:
-    raise UserError("--topology and --gpu exclude each other; give one target")
+def resolve_target(topology: str = "", gpu: str = "", fit: str = ""):
+  """The `moejax.aot.Target` of `--topology` or `--gpu`, or the `aot.fit.Family` of
+  `--fit` (refused before anything compiles)."""
+  given = [f"--{k}" for k, v in (("topology", topology), ("gpu", gpu), ("fit", fit)) if v]
+  if len(given) > 1:
+    raise UserError(f"{' and '.join(given)} exclude each other; give one target")
+  if fit:
+    return aot.fit.check(fit)
   return aot.tpu_target(topology) if topology else aot.gpu_target(gpu)
 
 
@@ -119,6 +130,21 @@ def fit_on(c: ml_collections.ConfigDict, target) -> str:
   if c.model.moe_every > 0:
     grid = _grid_memory(aot, c, target)
   return format_fit(fp, c, grid)
+
+
+def fit_search(c: ml_collections.ConfigDict, family: str, out=print) -> list:
+  """`--fit FAMILY`: the table of each size tried (`aot.fit.search`), each row passed to
+  `out` as soon as it is known, then the smallest fit and its fit table. Returns the
+  `aot.fit.Tried` rows."""
+  out(aot.fit.format_intro(c, family))
+  tried = []
+  for row in aot.fit.search(c, family):
+    tried.append(row)
+    out(aot.fit.format_row(row))
+  out(aot.fit.format_summary(tried, family))
+  if tried and tried[-1].fits:
+    out(format_fit(tried[-1].footprint, tried[-1].config))
+  return tried
 
 
 def _grid_memory(aot, c, target):
@@ -143,9 +169,15 @@ def main(argv: list[str]) -> int:
   gpu = flags.DEFINE_string(
     "gpu", "", "GPU nodes to compile the train step for, e.g. h100:8 or h100:2x8 (the cuda extra)."
   )
+  fit_family = flags.DEFINE_string(
+    "fit",
+    "",
+    f"Accelerator family whose smallest slice the train step fits: {', '.join(aot.fit.FAMILIES)}.",
+  )
   cli.parse_flags(argv, config, example="configs/full/mixtral.py")
   config_lib.validate(config.value)
-  where = resolve_target(topology.value, gpu.value) if topology.value or gpu.value else None
+  targets = (topology.value, gpu.value, fit_family.value)
+  where = resolve_target(*targets) if any(targets) else None
   vocab, note = nominal_vocab(config.value)
   ws = worksheet(config.value, vocab)
   if as_json.value:
@@ -156,7 +188,9 @@ def main(argv: list[str]) -> int:
     print(format_worksheet(ws, cli.config_path(argv) or ""))
     if note:
       print(note)
-  if where is not None:
+  if fit_family.value:
+    fit_search(config.value, fit_family.value, functools.partial(print, flush=True))
+  elif where is not None:
     print(fit_on(config.value, where))
   return 0
 

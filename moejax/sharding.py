@@ -74,8 +74,16 @@ def _expert_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
 
 
 def _spec(path, leaf, mesh: Mesh) -> P:
-  shape = getattr(leaf, "shape", ())
+  """A leaf's spec; a scanned stack's leaves (`.../stacks/...`, `moejax.nn.stack`) lead with
+  their layer axis, unsharded, and follow the rule for one layer's shape behind it."""
+  shape = tuple(getattr(leaf, "shape", ()))
   names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  if "stacks" in names and shape:
+    return P(None, *_layer_spec(names, shape[1:], mesh))
+  return _layer_spec(names, shape, mesh)
+
+
+def _layer_spec(names: list[str], shape: tuple[int, ...], mesh: Mesh) -> P:
   if "experts" in names and len(shape) == 3 and shape[0] % mesh.shape["expert"] == 0:
     return _expert_spec(next((n for n in names if n in EXPERT_D_AXIS), ""), shape, mesh)
   if len(shape) >= 2 and shape[0] % mesh.shape["fsdp"] == 0:

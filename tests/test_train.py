@@ -35,6 +35,7 @@ from tiers import FULL, one_default
 
 from moejax import sharding
 from moejax.nn.losses import LossConfig
+from moejax.nn.model import moe_biases
 from moejax.training import checkpoint, optim, trainer
 from moejax.training import step as step_lib
 
@@ -66,8 +67,7 @@ def restore(workdir: str, abstract_state, step: int | None = None):
 
 def router_biases(graphdef, params, router) -> list[np.ndarray]:
   """The selection bias of every MoE layer, in layer order."""
-  model = nnx.merge(graphdef, params, router)
-  return [np.asarray(b.router.bias[...]) for b in step_lib.moe_blocks(model)]
+  return list(np.asarray(moe_biases(nnx.merge(graphdef, params, router))))
 
 
 def all_finite(tree) -> bool:
@@ -466,10 +466,10 @@ def test_every_preset_builds_and_takes_a_train_step(path):
   ):
     assert c.model.moe[key] == preset.model.moe[key], key
   run = trainer.build(c, None)
-  blocks = step_lib.moe_blocks(nnx.merge(run.graphdef, run.state["params"], run.state["router"]))
-  assert len(blocks) == 1
-  assert blocks[0].cfg.n_experts == preset.model.moe.n_experts
-  assert blocks[0].cfg.top_k == preset.model.moe.top_k
+  model = nnx.merge(run.graphdef, run.state["params"], run.state["router"])
+  assert moe_biases(model).shape[0] == 1
+  assert model.cfg.moe.n_experts == preset.model.moe.n_experts
+  assert model.cfg.moe.top_k == preset.model.moe.top_k
   tx, schedule = optim.optimizer(c)
   lc = loss_config(c, n_shards=sharding.data_shards(run.mesh))
   train_step = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule))

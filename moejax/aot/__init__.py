@@ -12,6 +12,8 @@
 * `custom_calls`: the accelerator kernels a compiled program holds, by family.
 * `loops`: the compiled program's while loops, their trip counts and what each iteration
   runs (`describe` prints them).
+* `fit`: the smallest slice of a family (`tpu-v5e`, `h100`) the train step fits
+  (`describe --fit`).
 
 Both compilers run on a CPU host with `JAX_PLATFORMS=cpu` set, so the host backend stays the
 CPU's: XLA:TPU and XLA:GPU run their whole pipelines for the target (XLA:GPU: Triton GEMM
@@ -19,7 +21,7 @@ fusions, collectives, cuDNN). Neither exposes an estimated step time for a devic
 compile (`cost_analysis()` is None on GPU), so nothing here is timed.
 """
 
-from moejax.aot import cache, loops  # noqa: F401
+from moejax.aot import cache, fit, loops  # noqa: F401
 from moejax.aot.loops import Loop, format_loops  # noqa: F401
 from moejax.aot.memory import Footprint, device_bytes, parse_oom  # noqa: F401
 from moejax.aot.programs import (  # noqa: F401

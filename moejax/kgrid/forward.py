@@ -13,7 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.nn.moe import EvalDiagnostics, RouterOut
+from flax import nnx
+
+from moejax.kgrid import masses
+from moejax.nn.model import moe_biases
+from moejax.nn.moe import RouterOut
+from moejax.nn.overrides import Overrides
 from moejax.training.step import eval_forward
 
 # Per-layer block diagnostics averaged over sequences; `*_rms` are averaged as mean squares.
@@ -37,22 +42,19 @@ class CellResult(NamedTuple):
 
 
 def _stat(ro: RouterOut, name: str) -> jax.Array:
-  """A per-layer scalar from the training diagnostics or the eval-only ones."""
-  return getattr(ro.eval_diag if name in EvalDiagnostics._fields else ro.diag, name)
+  """A per-layer scalar from the block's diagnostics, or its grid-only output rms."""
+  return ro.moe_out_rms if name == "moe_out_rms" else getattr(ro.diag, name)
 
 
 def _make_forward(graphdef, k1: int, with_k2: bool):
   def forward(params, router, tokens_BxL1, k2, scale_M):
-    out = eval_forward(
-      graphdef,
-      params,
-      router,
-      tokens_BxL1,
-      k=k1,
-      k2=k2 if with_k2 else None,
-      routed_scale_M=scale_M,
-    )
-    stats = {n: jnp.stack([_stat(ro, n) for ro in out.routers.values()]) for n in LAYER_STATS}
+    k2 = k2 if with_k2 else None
+    ov = Overrides(k=k1, k2=k2, routed_scale=scale_M, grid_stats=True)
+    out = eval_forward(graphdef, params, router, tokens_BxL1, ov)
+    model = nnx.merge(graphdef, params, router)
+    stats = masses.layer_masses(out.routers, moe_biases(model), model.cfg.moe, k1, k2)
+    for n in LAYER_STATS[len(masses.MASSES) :]:
+      stats[n] = jnp.stack([_stat(ro, n) for ro in out.routers.values()])
     return out.loss_B, out.accuracy_B, stats
 
   return forward

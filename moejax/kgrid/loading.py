@@ -16,6 +16,7 @@ from flax import nnx
 from moejax.build import abstract_model
 from moejax.data import pipeline as data_lib
 from moejax.errors import UserError
+from moejax.nn.model import moe_layers
 from moejax.nn.moe import RouterBias
 from moejax.training import checkpoint
 from moejax.training import workdir as workdir_lib
@@ -56,7 +57,7 @@ def load_run(workdir: str, c: ml_collections.ConfigDict, step: int | None) -> Ev
     raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")
   windows_NxL1, vocab_size = heldout_windows(c, workdir)
   model = abstract_model(c, vocab_size)
-  n_moe = sum(1 for block in model.layers if block.is_moe)
+  n_moe = len(moe_layers(model.cfg))
   graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
   try:
     step, restored = checkpoint.restore_params(mngr, {"params": params, "router": router}, step)

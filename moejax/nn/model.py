@@ -14,10 +14,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.errors import UserError, check_choice
-from moejax.nn import elastic, remat
+from moejax.nn import elastic, remat, stack
 from moejax.nn.attention import ATTENTION_IMPLS
 from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
+from moejax.nn.overrides import NONE as NO_OVERRIDES
+from moejax.nn.overrides import Overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,7 @@ class ModelConfig:
   first_dense: int = 0
   remat: str = "none"
   attention: str = "xla"
+  scan_layers: bool = True
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads"):
@@ -113,7 +116,6 @@ class Block(nnx.Module):
   """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)); mlp dense or MoE."""
 
   def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
-    self.layer = layer
     self.is_moe = is_moe_layer(cfg, layer)
     out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
     self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
@@ -143,29 +145,24 @@ class Block(nnx.Module):
       )
 
   def __call__(
-    self,
-    x_BxLxD: jax.Array,
-    positions_BxL: jax.Array,
-    *,
-    k: int | None = None,
-    k2: int | None = None,
-    train: bool = False,
-    rng: jax.Array | None = None,
-    routed_scale: jax.Array | None = None,
-    train_k: jax.Array | None = None,
+    self, x_BxLxD, positions_BxL, *, train: bool = False, rng=None, ov: Overrides = NO_OVERRIDES
   ) -> tuple[jax.Array, RouterOut | None]:
+    """`ov`: this layer's overrides (`Overrides.row`), read by an MoE block only."""
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
       return x_BxLxD + self.mlp(h_BxLxD), None
-    y_BxLxD, router_out = self.mlp(
-      h_BxLxD, k=k, k2=k2, train=train, rng=rng, routed_scale=routed_scale, train_k=train_k
-    )
+    y_BxLxD, router_out = self.mlp(h_BxLxD, train=train, rng=rng, ov=ov)
     return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), router_out
 
 
 class Transformer(nnx.Module):
   """Decoder-only LM: embed → blocks → final RMSNorm → float32 logits (tied/untied head).
+
+  With `scan_layers` the blocks run as one `lax.scan` per segment of identical periods
+  (`moejax.nn.stack`), their parameters stacked on a leading layer axis; without, as a
+  Python loop over `layers`. Both initialize the same numbers from the same seed (the
+  scanned stacks are the unrolled blocks, stacked) and compute the same function.
 
   The head multiplies in the compute dtype and accumulates and returns float32 logits
   (MaxText's default `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`)."""
@@ -180,7 +177,11 @@ class Transformer(nnx.Module):
       embedding_init=init_normal(cfg.init_std),
       rngs=rngs,
     )
-    self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
+    blocks = [Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)]
+    if cfg.scan_layers:
+      self.stacks = nnx.List([_stack(seg, blocks) for seg in layer_segments(cfg)])
+    else:
+      self.layers = nnx.List(blocks)
     self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     if cfg.tie_embeddings:
       self.lm_head = None
@@ -200,38 +201,28 @@ class Transformer(nnx.Module):
     self,
     tokens_BxL: jax.Array,
     *,
-    k: int | None = None,
-    k2: int | None = None,
     train: bool = False,
     rng: jax.Array | None = None,
-    routed_scale_M: jax.Array | None = None,
+    ov: Overrides = NO_OVERRIDES,
     step: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[int, RouterOut]]:
     """Float32 logits [B, L, V] and the `RouterOut` of each MoE layer, by layer index.
 
     At eval without `rng`, routing randomness (GShard's random second expert) uses a fixed
-    seed, so evaluations are reproducible. `routed_scale_M` (optional, eval): one multiplier
-    of the routed output per MoE layer, in layer order; a traced array, so one compiled
-    forward serves every value. `step` (training): the optimizer step, for elastic-k's
-    `schedule`; elastic-k draws come from `rng` (`moejax.nn.elastic`)."""
+    seed, so evaluations are reproducible. `ov` (`moejax.nn.overrides`, model level): the
+    grid's cell at eval, a traced `routed_scale` [M] so one compiled forward serves every
+    value. `step` (training): the optimizer step, for elastic-k's `schedule`; elastic-k
+    draws come from `rng` (`moejax.nn.elastic`) and fill `ov.train_k`."""
     B, L = tokens_BxL.shape
     positions_BxL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
     x_BxLxD = self.embed(tokens_BxL)
     if rng is None and not train:
       rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
-    routers = {}
-    call = remat.block_call(self.cfg.remat, k=k, k2=k2, train=train)
     k_MxBxL = self._train_k(train, rng, step, B, L)
-    for i, block in enumerate(self.layers):
-      layer_rng = None if rng is None else jax.random.fold_in(rng, i)
-      scale = train_k = None
-      if routed_scale_M is not None and block.is_moe:
-        scale = routed_scale_M[len(routers)]
-      if k_MxBxL is not None and block.is_moe:
-        train_k = k_MxBxL[len(routers)]
-      x_BxLxD, out = call(block, x_BxLxD, positions_BxL, layer_rng, scale, train_k)
-      if out is not None:
-        routers[i] = out
+    if k_MxBxL is not None:
+      ov = dataclasses.replace(ov, train_k=k_MxBxL)
+    run = self._scanned if self.cfg.scan_layers else self._unrolled
+    x_BxLxD, routers = run(x_BxLxD, positions_BxL, train, rng, ov)
     cdt = jnp.dtype(self.cfg.dtype)
     h_BxLxD = self.final_norm(x_BxLxD).astype(cdt)
     if self.lm_head is None:
@@ -241,11 +232,131 @@ class Transformer(nnx.Module):
       logits_BxLxV = self.lm_head(h_BxLxD)
     return logits_BxLxV, routers
 
+  def _unrolled(self, x_BxLxD, positions_BxL, train, rng, ov):
+    """The blocks as a Python loop: layer i's rng is `fold_in(rng, i)`."""
+    call = remat.block_call(self.cfg.remat, train=train)
+    moe_index, routers = moe_indices(self.cfg), {}
+    for i, block in enumerate(self.layers):
+      layer_rng = None if rng is None else jax.random.fold_in(rng, i)
+      per_layer = ov.rows(moe_index[i]) if block.is_moe else (None, None)
+      x_BxLxD, out = call(block, x_BxLxD, positions_BxL, layer_rng, ov, per_layer)
+      if out is not None:
+        routers[i] = out
+    return x_BxLxD, routers
+
+  def _scanned(self, x_BxLxD, positions_BxL, train, rng, ov):
+    """Each segment as one scan over its periods (`stack.run_segment`)."""
+    call = remat.block_call(self.cfg.remat, train=train, scanned=True)
+    moe_index, routers = moe_indices(self.cfg), {}
+    for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
+      x_BxLxD, outs = run_segment(
+        seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index
+      )
+      routers.update(outs)
+    return x_BxLxD, dict(sorted(routers.items()))
+
   def _train_k(self, train: bool, rng, step, B: int, L: int) -> jax.Array | None:
     """Elastic-k: experts used per MoE layer and token in this training forward."""
     moe = self.cfg.moe
     if not (train and moe is not None and moe.elastic.active):
       return None
-    n_moe = sum(is_moe_layer(self.cfg, i) for i in range(self.cfg.n_layers))
+    n_moe = len(moe_layers(self.cfg))
     k_MxT = elastic.draw(moe.elastic, moe.top_k, rng, step, n_moe, B * L)
     return k_MxT.reshape(n_moe, B, L)
+
+
+def moe_layers(cfg: ModelConfig) -> list[int]:
+  """Indices of the MoE layers, in order."""
+  return [i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
+
+
+def moe_indices(cfg: ModelConfig) -> dict[int, int]:
+  """Layer index -> its row m among the MoE layers (`Overrides` rows, losses' stacks)."""
+  return {i: m for m, i in enumerate(moe_layers(cfg))}
+
+
+def layer_segments(cfg: ModelConfig) -> tuple[stack.Segment, ...]:
+  """The scanned layout's segments of `cfg` (`moejax.nn.stack`)."""
+  is_moe = tuple(is_moe_layer(cfg, i) for i in range(cfg.n_layers))
+  return stack.segments(cfg.n_layers, is_moe, cfg.first_dense, cfg.moe_every)
+
+
+class Stack(nnx.Module):
+  """One segment's blocks: `blocks[j]` is body position j, its parameters stacked over the
+  segment's repeats on a leading axis."""
+
+  def __init__(self, blocks: list[Block]):
+    self.blocks = nnx.List(blocks)
+
+
+def _stack(seg: stack.Segment, blocks: list[Block]) -> Stack:
+  """The segment's unrolled `blocks` (by layer index) as a `Stack`: each position's blocks'
+  states stacked into one block of the same graph."""
+  stacked = []
+  for j in range(seg.period):
+    graphdef, *_ = nnx.split(blocks[seg.layer(0, j)])
+    states = [nnx.split(blocks[seg.layer(r, j)])[1] for r in range(seg.repeats)]
+    stacked.append(nnx.merge(graphdef, jax.tree.map(lambda *a: jnp.stack(a), *states)))
+  return Stack(stacked)
+
+
+def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index):
+  """x through `seg.repeats` periods as one `lax.scan`; the scanned inputs are each
+  position's parameter rows, its layer indices (layer rngs) and its MoE layers' override
+  rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
+  graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
+  R = seg.repeats
+  layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
+  layers_RxP = jnp.asarray(layers_PxR, jnp.int32).T
+  rows = tuple(
+    ov.rows([moe_index[i] for i in ids]) if seg.moe[j] else (None, None)
+    for j, ids in enumerate(layers_PxR)
+  )
+
+  def body(x_BxLxD, xs):
+    states_P, layer_P, rows_P = xs
+    outs = []
+    for j, graphdef in enumerate(graphdefs):
+      layer_rng = None if rng is None else jax.random.fold_in(rng, layer_P[j])
+      block = nnx.merge(graphdef, states_P[j])
+      x_BxLxD, out = call(block, x_BxLxD, positions_BxL, layer_rng, ov, rows_P[j])
+      outs.append(out)
+    return x_BxLxD, tuple(outs)
+
+  xs = (tuple(states), layers_RxP, rows)
+  x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R)
+  routers = {}
+  for j, out in enumerate(outs_P):
+    for r in range(R) if out is not None else ():
+      routers[layers_PxR[j][r]] = jax.tree.map(lambda a, r=r: a[r], out)
+  return x_BxLxD, routers
+
+
+def router_biases(model: Transformer) -> list[tuple[nnx.Variable, list[int]]]:
+  """Each MoE router's selection-bias variable with the MoE layer rows m it holds: one row
+  [E] unrolled; a segment position's repeats, stacked [R, E], when scanned."""
+  cfg, index = model.cfg, moe_indices(model.cfg)
+  if not cfg.scan_layers:
+    return [(b.mlp.router.bias, [index[i]]) for i, b in enumerate(model.layers) if b.is_moe]
+  out = []
+  for seg, stacked in zip(layer_segments(cfg), model.stacks):
+    for j, block in enumerate(stacked.blocks):
+      if seg.moe[j]:
+        out.append((block.mlp.router.bias, [index[seg.layer(r, j)] for r in range(seg.repeats)]))
+  return out
+
+
+def moe_biases(model: Transformer) -> jax.Array:
+  """Every MoE layer's selection bias, [M, E] in layer order."""
+  rows = {}
+  for bias, ms in router_biases(model):
+    b_RxE = bias[...].reshape(len(ms), -1)
+    rows.update({m: b_RxE[r] for r, m in enumerate(ms)})
+  return jnp.stack([rows[m] for m in sorted(rows)])
+
+
+def set_moe_biases(model: Transformer, fn) -> None:
+  """bias rows ← `fn(bias_RxE, rows)` in every MoE router (rows: their MoE layer indices)."""
+  for bias, ms in router_biases(model):
+    b = bias[...]
+    bias[...] = fn(b.reshape(len(ms), -1), ms).reshape(b.shape)

@@ -7,6 +7,7 @@ always runs in float32; experts run in the compute dtype.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -18,6 +19,8 @@ from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
 from moejax.nn import elastic, routing
 from moejax.nn.layers import DTYPES, DenseFFN, init_normal
+from moejax.nn.overrides import NONE as NO_OVERRIDES
+from moejax.nn.overrides import Overrides
 
 
 class RouterBias(nnx.Variable):
@@ -41,23 +44,21 @@ class Diagnostics(NamedTuple):
   mean_k: jax.Array  # experts used per token (K, the eval k, or elastic training's mean)
 
 
-class EvalDiagnostics(NamedTuple):
-  """Eval-only per-layer scalars the k1:k2 grid reports (routing.score_masses)."""
-
-  mass_k1: jax.Array  # mean top-k1 score mass
-  mass_K: jax.Array  # mean top-K (trained) score mass
-  mass_k2: jax.Array  # mean denominator actually used (1 for norm=none)
-  moe_out_rms: jax.Array  # rms of routed + shared output
-
-
 class RouterOut(NamedTuple):
-  """What the losses and the logs need from one MoE layer; leading shape of x."""
+  """What the losses, the logs and the k-grid need from one MoE layer; leading shape of x."""
 
-  logits: jax.Array  # [..., E] float32 router logits z (router z-loss)
+  logits: jax.Array  # [..., E] float32 router logits z (router z-loss, the grid's masses)
   probs: jax.Array  # [..., E] full-router probabilities, per token summing to 1 (balance loss)
   experts: jax.Array  # [..., k] int32 selected experts, best first (balance loss, loads)
   diag: Diagnostics
-  eval_diag: EvalDiagnostics | None = None  # only at eval (train=False)
+  moe_out_rms: jax.Array | None = None  # rms of routed + shared output (Overrides.grid_stats)
+
+
+class Elastic(NamedTuple):
+  """Elastic-k in one training forward: the ranks each token uses, and its k."""
+
+  used_TxK: jax.Array  # bool
+  k_T: jax.Array  # int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,81 +182,73 @@ class MoEBlock(nnx.Module):
         self.shared_gate = SharedGate(cfg.d_model, init_std=cfg.init_std, rngs=rngs)
 
   def __call__(
-    self,
-    x: jax.Array,
-    *,
-    k: int | None = None,
-    k2: int | None = None,
-    train: bool = False,
-    rng: jax.Array | None = None,
-    routed_scale: jax.Array | None = None,
-    train_k: jax.Array | None = None,
+    self, x: jax.Array, *, train: bool = False, rng=None, ov: Overrides = NO_OVERRIDES
   ) -> tuple[jax.Array, RouterOut]:
     """Returns (y, RouterOut) with y shaped like x. `rng` drives the router jitter and the
     random second expert in training; at eval the latter uses a fixed seed when rng is None.
 
-    `train_k` (training, elastic-k): int32 experts used per token, broadcastable to x's
-    leading shape; ranks >= k get weight 0, leave the dispatch plan and are not counted by
-    the balance loss or the loads (`RouterOut.experts` holds E for them).
-
-    `routed_scale` (eval, the k-grid's `sqrt`/`gain` cells): a scalar multiplying the routed
-    output Σ r_i·Expert_i(x), not the shared expert."""
-    cfg, rule = self.cfg, self.cfg.merge_rule
-    lead, D = x.shape[:-1], x.shape[-1]
+    `ov` (`moejax.nn.overrides`, this layer's row): the grid's k, k2 and routed scale at
+    eval; elastic-k's `train_k` in training, broadcastable to x's leading shape (ranks >= k
+    get weight 0, leave the dispatch plan and are not counted by the balance loss or the
+    loads: `RouterOut.experts` holds E for them)."""
+    cfg, lead, D = self.cfg, x.shape[:-1], x.shape[-1]
     x_TxD = x.reshape(-1, D)
-    T, E, K = x_TxD.shape[0], cfg.n_experts, cfg.top_k
-    k = K if k is None else k
-    if k2 is None and not train and cfg.train_k2 == "K":
-      k2 = K  # native = what it trained with: the top-K mass at every k1 (moejax.nn.elastic)
+    k = cfg.top_k if ov.k is None else ov.k
     if rng is None and not train:
       rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
     rng_jitter, rng_second = jax.random.split(rng) if rng is not None else (None, None)
-
-    xr_TxD = x_TxD.astype(jnp.float32)
-    if train and cfg.jitter_eps > 0 and rng_jitter is not None:
-      xr_TxD = routing.jitter(xr_TxD, cfg.jitter_eps, rng_jitter)
-    logits_TxE = xr_TxD @ self.router.kernel[...]
-    ro = routing.route(logits_TxE, rule, k, k2=k2, bias_E=self.router.bias[...], train_k=K)
-    used_TxK, k_T = None, None
-    if train and train_k is not None:
-      k_T = jnp.broadcast_to(train_k, lead).reshape(T).astype(jnp.int32)
-      used_TxK = jnp.arange(K)[None, :] < k_T[:, None]
-      ro = ro._replace(weights_TxK=routing.elastic_weights(ro, rule, k_T, cfg.train_k2))
-
+    logits_TxE, ro = self._route(x_TxD, k, train, rng_jitter, ov.k2)
+    el = self._elastic(ov.train_k, lead) if train else None
+    if el is not None:
+      ro = ro._replace(weights_TxK=routing.elastic_weights(ro, cfg.merge_rule, el.k_T, cfg.train_k2))
     keep_TxK = None
     if self._random_second(train) and rng_second is not None and k >= 2:
       keep_TxK = plans.random_second_expert(ro.weights_TxK, rng_second)
     x_c = x_TxD.astype(jnp.dtype(cfg.dtype))
-    routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK, used_TxK)
-    if routed_scale is not None:
-      routed_TxD = routed_TxD * jnp.asarray(routed_scale, routed_TxD.dtype)
-    y_TxD, coef_T = routed_TxD, jnp.zeros((T,), jnp.float32)
-    if cfg.d_shared > 0 and rule.shared != "none":
-      gate_T = None
-      if rule.shared == "sigmoid":
-        gate_T = (x_TxD.astype(jnp.float32) @ self.shared_gate.kernel[...])[:, 0]
-      coef_T = routing.shared_coefficient(rule, K, gate_T, T)
-      shared_TxD = self.shared(x_c).astype(jnp.float32)
-      y_TxD = y_TxD + (coef_T[:, None] * shared_TxD).astype(y_TxD.dtype)
-
+    routed_TxD, kept_TxK = self._routed(x_c, ro, k, train, keep_TxK, el)
+    if ov.routed_scale is not None:
+      routed_TxD = routed_TxD * jnp.asarray(ov.routed_scale, routed_TxD.dtype)
+    y_TxD, coef_T = self._shared(x_TxD, x_c, routed_TxD)
+    experts_TxK = ro.experts_TxK if el is None else jnp.where(el.used_TxK, ro.experts_TxK, cfg.n_experts)
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
-    experts_TxK = ro.experts_TxK if used_TxK is None else jnp.where(used_TxK, ro.experts_TxK, E)
-    diag = diagnostics(
-      probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T, used_TxK, k_T
-    )
-    eval_diag = None
-    if not train:
-      masses = routing.score_masses(ro, rule, k, K, k2, self.router.bias[...])
-      moe_rms = jnp.sqrt(jnp.mean(y_TxD.astype(jnp.float32) ** 2))
-      eval_diag = EvalDiagnostics(*(m.mean() for m in masses), moe_rms)
+    diag = diagnostics(probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T, el)
+    rms = jnp.sqrt(jnp.mean(y_TxD.astype(jnp.float32) ** 2)) if ov.grid_stats else None
+    E = cfg.n_experts
     out = RouterOut(
-      logits_TxE.reshape(*lead, E),
-      probs_TxE.reshape(*lead, E),
-      experts_TxK.reshape(*lead, k),
-      diag,
-      eval_diag,
+      logits_TxE.reshape(*lead, E), probs_TxE.reshape(*lead, E), experts_TxK.reshape(*lead, k), diag, rms
     )
     return y_TxD.reshape(*lead, D).astype(x.dtype), out
+
+  def _route(self, x_TxD, k: int, train: bool, rng_jitter, k2) -> tuple[jax.Array, routing.Routing]:
+    """Float32 router logits (jittered in training) and the rule's routing at k (and k2)."""
+    cfg = self.cfg
+    xr_TxD = x_TxD.astype(jnp.float32)
+    if train and cfg.jitter_eps > 0 and rng_jitter is not None:
+      xr_TxD = routing.jitter(xr_TxD, cfg.jitter_eps, rng_jitter)
+    logits_TxE = xr_TxD @ self.router.kernel[...]
+    k2 = native_k2(cfg, k2, train)
+    bias_E = self.router.bias[...]
+    return logits_TxE, routing.route(logits_TxE, cfg.merge_rule, k, k2=k2, bias_E=bias_E, train_k=cfg.top_k)
+
+  def _elastic(self, train_k, lead) -> Elastic | None:
+    """Elastic-k's ranks in use, from the per-token k of this training forward."""
+    if train_k is None:
+      return None
+    T = math.prod(lead)
+    k_T = jnp.broadcast_to(train_k, lead).reshape(T).astype(jnp.int32)
+    return Elastic(jnp.arange(self.cfg.top_k)[None, :] < k_T[:, None], k_T)
+
+  def _shared(self, x_TxD, x_c, routed_TxD) -> tuple[jax.Array, jax.Array]:
+    """y = routed + c(x)·Shared(x), and c(x) per token (zeros without a shared expert)."""
+    cfg, rule, T = self.cfg, self.cfg.merge_rule, x_TxD.shape[0]
+    if not (cfg.d_shared > 0 and rule.shared != "none"):
+      return routed_TxD, jnp.zeros((T,), jnp.float32)
+    gate_T = None
+    if rule.shared == "sigmoid":
+      gate_T = (x_TxD.astype(jnp.float32) @ self.shared_gate.kernel[...])[:, 0]
+    coef_T = routing.shared_coefficient(rule, cfg.top_k, gate_T, T)
+    shared_TxD = self.shared(x_c).astype(jnp.float32)
+    return routed_TxD + (coef_T[:, None] * shared_TxD).astype(routed_TxD.dtype), coef_T
 
   def _random_second(self, train: bool) -> bool:
     """GShard's random second expert applies in training and, unless
@@ -263,10 +256,11 @@ class MoEBlock(nnx.Module):
     cfg = self.cfg
     return cfg.second_expert == "random" and (train or cfg.eval_second_expert == "same")
 
-  def _routed(self, x_TxD, ro: routing.Routing, k: int, train: bool, keep_TxK, used_TxK=None):
+  def _routed(self, x_TxD, ro: routing.Routing, k: int, train: bool, keep_TxK, el=None):
     """Σ r_i·Expert_i(x) by the configured dispatch; returns (routed_TxD, kept_TxK).
-    Assignments outside `used_TxK` (elastic-k) are left out of the plan."""
+    Assignments outside elastic-k's used ranks are left out of the plan."""
     cfg, T, E = self.cfg, x_TxD.shape[0], self.cfg.n_experts
+    used_TxK = None if el is None else el.used_TxK
     ex = self.experts.weights()
     if cfg.dispatch == "dropless":
       w_TxK = ro.weights_TxK if keep_TxK is None else ro.weights_TxK * keep_TxK
@@ -294,21 +288,29 @@ class MoEBlock(nnx.Module):
     )
 
 
+def native_k2(cfg: MoEConfig, k2, train: bool):
+  """The k2 a forward normalizes by: `k2`, or at eval of a run trained with elastic-k's
+  `train_k2="K"`, K (native is what it trained with: the top-K mass at every k1)."""
+  if k2 is None and not train and cfg.train_k2 == "K":
+    return cfg.top_k
+  return k2
+
+
 def diagnostics(
-  probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_T, used_TxK=None, k_T=None
+  probs_TxE, experts_TxK, weights_TxK, kept_TxK, routed_TxD, coef_T, el: Elastic | None = None
 ) -> Diagnostics:
   """docs/design.md §6 per-layer diagnostics, all float32 scalars over this call's tokens. With
-  elastic-k's `used_TxK` and `k_T`, drops count among the assignments used, and mean_k is
-  the mean k drawn (else the k of `experts_TxK`)."""
+  elastic-k, drops count among the assignments used, and mean_k is the mean k drawn (else
+  the k of `experts_TxK`)."""
   load_E = jax.nn.one_hot(experts_TxK, probs_TxE.shape[-1], dtype=jnp.float32).sum((0, 1))
   entropy_T = -(probs_TxE * jnp.log(jnp.clip(probs_TxE, 1e-30))).sum(-1)
   routed32 = routed_TxD.astype(jnp.float32)
-  if used_TxK is None:
+  if el is None:
     drops = 1.0 - kept_TxK.astype(jnp.float32).mean()
     mean_k = jnp.asarray(experts_TxK.shape[-1], jnp.float32)
   else:
-    drops = ((used_TxK & ~kept_TxK).sum() / used_TxK.sum()).astype(jnp.float32)
-    mean_k = k_T.mean(dtype=jnp.float32)
+    drops = ((el.used_TxK & ~kept_TxK).sum() / el.used_TxK.sum()).astype(jnp.float32)
+    mean_k = el.k_T.mean(dtype=jnp.float32)
   return Diagnostics(
     drop_fraction=drops,
     load_max_over_mean=load_E.max() / load_E.mean(),

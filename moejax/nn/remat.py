@@ -28,30 +28,31 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 }
 
 
-def block_call(name: str, **static) -> Callable:
-  """`call(block, x, positions, rng, routed_scale, train_k)` running `block` with the keyword
-  arguments `static` (python values: k, k2, train), rematerialized by policy `name`.
+def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
+  """`call(block, x, positions, rng, ov, per_layer)` running `block` with the overrides `ov`
+  and this layer's rows of its per-layer fields (`Overrides.rows`), rematerialized by
+  policy `name`; `scanned`: inside a `lax.scan` body (CSE across iterations is safe there,
+  so `jax.checkpoint` need not prevent it, as JAX's docs advise for scans).
 
   The block is split into graph and state and run as a pure function under
   `jax.checkpoint`: a forward pass never writes the block's state (the router bias is
   updated outside, `step.update_router_bias`), so nothing flows back out."""
 
-  def call(block, x_BxLxD, positions_BxL, rng, routed_scale, train_k=None):
-    return block(
-      x_BxLxD, positions_BxL, rng=rng, routed_scale=routed_scale, train_k=train_k, **static
-    )
+  def call(block, x_BxLxD, positions_BxL, rng, ov, per_layer):
+    return block(x_BxLxD, positions_BxL, train=train, rng=rng, ov=ov.with_per_layer(*per_layer))
 
   if name == "none":
     return call
   policy = REMAT_POLICIES[name]
 
-  def remat_call(block, x_BxLxD, positions_BxL, rng, routed_scale, train_k=None):
+  def remat_call(block, x_BxLxD, positions_BxL, rng, ov, per_layer):
     graphdef, state = nnx.split(block)
+    static_ov = ov.with_per_layer(None, None)  # k, k2, grid_stats: closed over
 
-    def pure(state, *args):
-      return call(nnx.merge(graphdef, state), *args)
+    def pure(state, x_BxLxD, positions_BxL, rng, per_layer):
+      return call(nnx.merge(graphdef, state), x_BxLxD, positions_BxL, rng, static_ov, per_layer)
 
-    args = (x_BxLxD, positions_BxL, rng, routed_scale, train_k)
-    return jax.checkpoint(pure, policy=policy)(state, *args)
+    checkpointed = jax.checkpoint(pure, policy=policy, prevent_cse=not scanned)
+    return checkpointed(state, x_BxLxD, positions_BxL, rng, per_layer)
 
   return remat_call

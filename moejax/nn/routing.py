@@ -42,8 +42,8 @@ class Norm(NamedTuple):
   worksheet: str
 
 
-# The normalizations: adding one is one entry here; `route`, `score_masses` and
-# `elastic_weights` all divide by `denominator`.
+# The normalizations: adding one is one entry here; `route`, `elastic_weights` and the
+# k-grid's masses (`moejax.kgrid.masses`) all divide by `denominator`.
 NORMS: dict[str, Norm] = {
   "none": Norm(None, "r_i = a s_i (no renormalization)"),
   "sum": Norm(_sum_denominator, "r_i = a s_i / sum_S s (renormalized over the selected)"),
@@ -83,6 +83,11 @@ class MergeRule:
         f"{KEY}.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
         f"n_groups={self.n_groups}"
       )
+
+  def alpha(self, train_k: int) -> float:
+    """α of r_i = α·p_i, with the kplus1 factor K/(K+1): both use the trained K."""
+    alpha = float(train_k) if self.scale == "k" else float(self.scale)
+    return alpha * (train_k / (train_k + 1.0)) if self.shared == "kplus1" else alpha
 
   def kept_experts(self, n_experts: int) -> int:
     """Experts that survive group masking: topk_groups · E / n_groups (E without groups)."""
@@ -273,19 +278,6 @@ def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2) -> jax.Ar
   return jnp.take(selection_cumsum(s_TxE, key_TxE, rule), k2 - 1, axis=-1)
 
 
-def score_masses(ro: Routing, rule: MergeRule, k: int, train_k: int, k2=None, bias_E=None):
-  """(mass_k1_T, mass_K_T, denom_T): the top-k and top-K (trained) score masses in selection
-  order, and the denominator p_i = s_i / denom_T actually used (1 for `norm=none`)."""
-  key_TxE = selection_keys(ro.scores_TxE, rule, bias_E)
-  cum_TxE = selection_cumsum(ro.scores_TxE, key_TxE, rule)
-  mass_k1_T, mass_K_T = cum_TxE[:, k - 1], cum_TxE[:, train_k - 1]
-  if k2 is not None:
-    return mass_k1_T, mass_K_T, jnp.take(cum_TxE, k2 - 1, axis=-1)
-  s_TxK = jnp.take_along_axis(ro.scores_TxE, ro.experts_TxK, axis=-1)
-  denom_T = norm_denominator(rule, s_TxK, mass_k1_T)
-  return mass_k1_T, mass_K_T, jnp.ones_like(mass_k1_T) if denom_T is None else denom_T
-
-
 def route(
   logits_TxE: jax.Array,
   rule: MergeRule | str,
@@ -316,10 +308,8 @@ def route(
     denom_Tx1 = norm_denominator(rule, s_TxK, s_TxK.sum(-1, keepdims=True), keepdims=True)
   p_TxK = s_TxK if denom_Tx1 is None else s_TxK / denom_Tx1
 
-  alpha = float(train_k) if rule.scale == "k" else float(rule.scale)
-  if rule.shared == "kplus1":
-    alpha *= train_k / (train_k + 1.0)
-  return Routing(experts_TxK.astype(jnp.int32), (alpha * p_TxK).astype(jnp.float32), s_TxE)
+  weights_TxK = (rule.alpha(train_k) * p_TxK).astype(jnp.float32)
+  return Routing(experts_TxK.astype(jnp.int32), weights_TxK, s_TxE)
 
 
 def shared_coefficient(
@@ -360,7 +350,4 @@ def elastic_weights(ro: Routing, rule: MergeRule, k_T: jax.Array, train_k2: str)
     denom_T = norm_denominator(rule, s_used_TxK, s_used_TxK.sum(-1))
   if denom_T is None:
     denom_T = jnp.ones(s_TxK.shape[:-1], jnp.float32)
-  alpha = float(K) if rule.scale == "k" else float(rule.scale)
-  if rule.shared == "kplus1":
-    alpha *= K / (K + 1.0)
-  return (alpha * s_used_TxK / denom_T[:, None]).astype(jnp.float32)
+  return (rule.alpha(K) * s_used_TxK / denom_T[:, None]).astype(jnp.float32)

@@ -17,7 +17,10 @@ from flax import nnx
 
 from moejax.nn import losses
 from moejax.nn.losses import LossConfig
-from moejax.nn.moe import Diagnostics, MoEBlock, RouterBias, RouterOut
+from moejax.nn.model import set_moe_biases
+from moejax.nn.moe import Diagnostics, RouterBias, RouterOut
+from moejax.nn.overrides import NONE as NO_OVERRIDES
+from moejax.nn.overrides import Overrides
 
 State = dict[str, Any]  # {"step", "params", "router", "opt_state"}
 
@@ -26,11 +29,6 @@ def split_model(model: nnx.Module):
   """(graphdef, params, router) with the selection biases apart from the trainables."""
   graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
   return graphdef, params, router
-
-
-def moe_blocks(model: nnx.Module) -> list[MoEBlock]:
-  """The MoE blocks of a Transformer, in layer order."""
-  return [b.mlp for b in model.layers if isinstance(b.mlp, MoEBlock)]
 
 
 class Loads(NamedTuple):
@@ -177,9 +175,8 @@ def make_train_step(
 def update_router_bias(graphdef, params, router, loads_LxE: jax.Array, rate: float):
   """b_i += γ·sign(mean load − load_i) in every MoE layer, on global-batch loads."""
   model = nnx.merge(graphdef, params, router)
-  for block, load_E in zip(moe_blocks(model), loads_LxE):
-    bias = block.router.bias
-    bias[...] = losses.bias_update(bias[...], load_E, rate)
+  update = jax.vmap(losses.bias_update, in_axes=(0, 0, None))
+  set_moe_biases(model, lambda b_RxE, rows: update(b_RxE, loads_LxE[jnp.asarray(rows)], rate))
   return nnx.state(model, RouterBias)
 
 
@@ -196,28 +193,23 @@ def eval_forward(
   params,
   router,
   tokens_BxL1: jax.Array,
-  *,
-  k: int | None = None,
-  k2: int | None = None,
-  routed_scale_M: jax.Array | None = None,
+  ov: Overrides = NO_OVERRIDES,
 ) -> EvalOut:
   """The eval forward shared by training's held-out loss (`make_eval_step`) and the k-grid
-  (`kgrid.forward`): no dropout or noise, next-token loss and accuracy per sequence. `k`,
-  `k2`, `routed_scale_M`: the grid's cell (docs/design.md §7); None is the trained rule."""
+  (`kgrid.forward`): no dropout or noise, next-token loss and accuracy per sequence. `ov`:
+  the grid's cell (docs/design.md §7); the default is the trained rule."""
   model = nnx.merge(graphdef, params, router)
-  logits_BxLxV, routers = model(
-    tokens_BxL1[:, :-1], k=k, k2=k2, train=False, routed_scale_M=routed_scale_M
-  )
+  logits_BxLxV, routers = model(tokens_BxL1[:, :-1], train=False, ov=ov)
   _, loss_BxL = losses.cross_entropy(logits_BxLxV, tokens_BxL1[:, 1:])
   acc_BxL = losses.accuracy(logits_BxLxV, tokens_BxL1[:, 1:])
   return EvalOut(loss_BxL.mean(-1), acc_BxL.mean(-1), routers)
 
 
-def make_eval_step(graphdef, *, k: int | None = None, k2: int | None = None):
+def make_eval_step(graphdef, ov: Overrides = NO_OVERRIDES):
   """eval_step(params, router, tokens_BxL1) -> per-sequence loss, accuracy and MoE aux."""
 
   def eval_step(params, router, tokens_BxL1: jax.Array):
-    out = eval_forward(graphdef, params, router, tokens_BxL1, k=k, k2=k2)
+    out = eval_forward(graphdef, params, router, tokens_BxL1, ov)
     aux = {layer: ro.diag._asdict() for layer, ro in out.routers.items()}
     return {"loss_B": out.loss_B, "accuracy_B": out.accuracy_B, "aux": aux}
 

@@ -77,12 +77,30 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
         node[key] = value
 
   merge(c, saved)
+  c.model.scan_layers = saved_layout(saved)
   rule = saved.get("resolved", {}).get("rule")
   if rule:  # the rule the run trained with, whatever RULES says today
     for field in build.RULE_OVERRIDES + build.RULE_COUNTS:
       if field in rule:
         c.model.moe[field] = rule[field]
   return c
+
+
+def saved_layout(saved: dict) -> bool:
+  """The `model.scan_layers` of a saved run: False for runs saved before the key existed,
+  whose checkpoints hold the unrolled layout."""
+  return bool(saved.get("model", {}).get("scan_layers", False))
+
+
+def check_layout(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
+  """Checkpoints hold one parameter layout: a resume in the other is refused, naming it."""
+  old, new = saved_layout(saved), c.model.scan_layers
+  if old != new:
+    layout = {True: "scanned (stacked layers)", False: "unrolled (one entry per layer)"}
+    raise UserError(
+      f"model.scan_layers={new} differs from {path} ({old}): its checkpoints hold the "
+      f"{layout[old]} layout; resume with --config.model.scan_layers={old} or use a new --workdir"
+    )
 
 
 def check_resolved_rule(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
@@ -107,6 +125,7 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
   path = os.path.join(workdir, "config.json")
   refuse_imported(saved, path)  # an imported checkpoint holds no optimizer state
   check_resolved_rule(saved, c, path)
+  check_layout(saved, c, path)
   for section in FROZEN_SECTIONS:
     found = _diff(saved.get(section, {}), c[section].to_dict(), f"{section}.")
     if found:

@@ -1,0 +1,104 @@
+"""Where each layer's parameters live when the layer stack is scanned (`model.scan_layers`).
+
+The stack is cut into *segments* of identical periods, and each segment runs as one
+`lax.scan` whose body is the period:
+
+* the `first_dense` prefix: a period of one dense block, repeated `first_dense` times;
+* then the `moe_every` period (an MoE block followed by `moe_every - 1` dense blocks),
+  repeated as often as it fits whole;
+* then what is left of one period (`n_layers - first_dense` not a multiple of `moe_every`),
+  once.
+
+Why the period and not one stack per position in it: the layers of a period alternate, so
+separate stacks would have to be interleaved inside one loop anyway; a scan over the period
+is that loop, with a body the compiler sees once. Every preset has `moe_every` 1, so its
+MoE stack is a scan over single MoE blocks (MaxText's `scan_layers` shape).
+
+In the scanned layout, position j of segment s holds its parameters at
+`("stacks", s, "blocks", j, ...)` with a leading axis of length `repeats` (unsharded); layer
+`i = start + r * period + j` is row r. The unrolled layout keeps `("layers", i, ...)`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Segment(NamedTuple):
+  """`repeats` runs of a period of blocks; `moe[j]`: whether position j is an MoE block."""
+
+  start: int  # index of the segment's first layer
+  repeats: int
+  moe: tuple[bool, ...]
+
+  @property
+  def period(self) -> int:
+    return len(self.moe)
+
+  def layer(self, r: int, j: int) -> int:
+    """The layer index of position j in repeat r."""
+    return self.start + r * self.period + j
+
+
+class Place(NamedTuple):
+  """Where layer `i` lives in the scanned layout: segment, row (repeat) and body position."""
+
+  segment: int
+  row: int
+  position: int
+
+
+def segments(n_layers: int, is_moe: tuple[bool, ...], first_dense: int, moe_every: int):
+  """The segments of a stack whose layer i is MoE iff `is_moe[i]` (see the module doc)."""
+  out: list[Segment] = []
+  if first_dense:
+    out.append(Segment(0, first_dense, (False,)))
+  rest = n_layers - first_dense
+  period = moe_every if moe_every > 0 and any(is_moe) else 1
+  whole, tail = divmod(rest, period)
+  if whole:
+    out.append(Segment(first_dense, whole, tuple(is_moe[first_dense : first_dense + period])))
+  if tail:
+    start = first_dense + whole * period
+    out.append(Segment(start, 1, tuple(is_moe[start:])))
+  return tuple(out)
+
+
+def places(segs: tuple[Segment, ...]) -> tuple[Place, ...]:
+  """`places(segs)[i]`: where layer i lives."""
+  out = []
+  for s, seg in enumerate(segs):
+    out += [Place(s, r, j) for r in range(seg.repeats) for j in range(seg.period)]
+  return tuple(out)
+
+
+def scanned_path(path: tuple, segs: tuple[Segment, ...]) -> tuple[tuple, int | None]:
+  """An unrolled parameter path `("layers", i, *rest)` as (scanned path, row); other paths
+  are the same in both layouts (row None)."""
+  if len(path) < 2 or path[0] != "layers":
+    return path, None
+  p, key = places(segs)[int(path[1])], type(path[1])  # int or str keys, as given
+  return ("stacks", key(p.segment), "blocks", key(p.position), *path[2:]), p.row
+
+
+def unstack(flat: dict[tuple, object], segs: tuple[Segment, ...]) -> dict[tuple, object]:
+  """A flat {path: array} of the scanned layout in the unrolled one (rows become layers)."""
+  out = {}
+  for path, a in flat.items():
+    if path[0] != "stacks":
+      out[path] = a
+      continue
+    seg, j, key = segs[int(path[1])], int(path[3]), type(path[1])  # int or str keys
+    for r in range(seg.repeats):
+      out[("layers", key(seg.layer(r, j)), *path[4:])] = a[r]
+  return out
+
+
+def stack_rows(flat: dict[tuple, object], segs: tuple[Segment, ...], stack_fn) -> dict:
+  """A flat {path: array} of the unrolled layout in the scanned one; `stack_fn` stacks a
+  list of rows (np.stack or jnp.stack)."""
+  rows: dict[tuple, dict[int, object]] = {}
+  for path, a in flat.items():
+    new, r = scanned_path(path, segs)
+    rows.setdefault(new, {})[r] = a
+  return {p: v[None] if None in v else stack_fn([v[r] for r in sorted(v)]) for p, v in rows.items()}
