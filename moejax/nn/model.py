@@ -265,6 +265,10 @@ class Transformer(nnx.Module):
     return k_MxT.reshape(n_moe, B, L)
 
 
+# The named scope of the layer scans: their while loops' op_name holds it.
+LAYER_SCAN_SCOPE = "scan_layers"
+
+
 def moe_layers(cfg: ModelConfig) -> list[int]:
   """Indices of the MoE layers, in order."""
   return [i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
@@ -324,7 +328,8 @@ def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_
     return x_BxLxD, tuple(outs)
 
   xs = (tuple(states), layers_RxP, rows)
-  x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R)
+  with jax.named_scope(LAYER_SCAN_SCOPE):  # how the loop report (aot.loops) names these loops
+    x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R)
   routers = {}
   for j, out in enumerate(outs_P):
     for r in range(R) if out is not None else ():
