@@ -2,6 +2,8 @@
 
 The reference is transformers itself (its own config classes and modeling code): moejax's
 logits must equal transformers' within 1e-4 in float32, at the native k and at a reduced k1.
+Both parameter layouts (`model.scan_layers`: stacked or one entry per layer) import and
+export: the default tier checks OLMoE in each, the full tier every family in each.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch  # the test extra pins torch and transformers: this file always run
 import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
-from tiers import FULL, one_default
+from tiers import FULL
 
 from moejax import build
 from moejax import config as config_lib
@@ -26,6 +28,9 @@ from moejax.errors import UserError
 from moejax.hf import runstate
 from moejax.hf.exporter import export_run
 from moejax.hf.importer import import_checkpoint
+from moejax.nn import stack
+from moejax.nn.model import layer_segments
+from moejax.nn.overrides import Overrides
 from moejax.training import workdir as workdir_lib
 
 V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
@@ -98,7 +103,7 @@ def compiled(model, k1=None, k2=None):
   def run(state, tokens):
     m = nnx.merge(graphdef, state)
     native = m(tokens)[0]
-    return native, (m(tokens, k=k1, k2=k2)[0] if k1 else native)
+    return native, (m(tokens, ov=Overrides(k=k1, k2=k2))[0] if k1 else native)
 
   return lambda tokens: tuple(np.asarray(x) for x in run(state, tokens))
 
@@ -108,17 +113,42 @@ def tokens():
   return np.random.default_rng(0).integers(0, V, size=(2, 12)).astype(np.int32)
 
 
+# (family, model.scan_layers) cases: OLMoE in both layouts in the default tier, the rest full.
+CASES = [
+  pytest.param(fam, scan, marks=() if fam == "olmoe" else FULL, id=f"{fam}-{layout}")
+  for fam in CONFIGS
+  for scan, layout in ((True, "scanned"), (False, "unrolled"))
+]
+
+
 class Imported(dict):
-  """family → (HF model, imported run dir, moejax model, HF source dir), each family imported
-  on first use (the default tier imports one family, the full tier all four)."""
+  """(family, scan_layers) → (HF model, imported run dir, moejax model, HF source dir), each
+  imported on first use (the default tier imports one family, the full tier all four), from
+  one HF checkpoint per family."""
 
   def __init__(self, root):
     super().__init__()
-    self.root = root
+    self.root, self.sources = root, {}
     self.text = root / "heldout.txt"
     self.text.write_text(TEXT)
 
-  def __missing__(self, fam):
+  def __missing__(self, key):
+    fam, scan = key
+    if fam not in self.sources:
+      self.sources[fam] = self.source(fam)
+    model, src = self.sources[fam]
+    opts = {"text": str(self.text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8,
+            "batch_size": 4, "holdout_fraction": 0.3, "progress": False,
+            "scan_layers": scan}  # fmt: skip
+    run = self.root / f"{fam}_{'scanned' if scan else 'unrolled'}_run"
+    import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
+    c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
+    mj = runstate.load_model(str(run), build.model_config(c, V))
+    self[key] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
+    return self[key]
+
+  def source(self, fam):
+    """The family's random HF model and its checkpoint directory."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS[fam](), dtype=torch.float32)
     model = model.eval()
@@ -126,14 +156,7 @@ class Imported(dict):
     src = self.root / f"{fam}_hf"
     model.save_pretrained(src)
     write_tokenizer(src)
-    opts = {"text": str(self.text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8,
-            "batch_size": 4, "holdout_fraction": 0.3, "progress": False}  # fmt: skip
-    run = self.root / f"{fam}_run"
-    import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
-    c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
-    mj = runstate.load_model(str(run), build.model_config(c, V))
-    self[fam] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
-    return self[fam]
+    return model, src
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +164,10 @@ def imported(tmp_path_factory):
   return Imported(tmp_path_factory.mktemp("hf"))
 
 
-@pytest.mark.parametrize("fam", one_default(CONFIGS, "olmoe"))
-def test_import_matches_transformers(imported, tokens, fam):
+@pytest.mark.parametrize(("fam", "scan"), CASES)
+def test_import_matches_transformers(imported, tokens, fam, scan):
   """Native K, and k1 = K/2 with the family's own normalization (k2 = k1 when it renormalizes)."""
-  hf, _, mj, _ = imported[fam]
+  hf, _, mj, _ = imported[fam, scan]
   got, got1 = mj(tokens)
   ref = hf_logits(hf, tokens, K)
   assert np.abs(ref).max() > 1.0  # the logits are far from uniform: the check can fail
@@ -157,7 +180,9 @@ def test_import_matches_transformers(imported, tokens, fam):
 @FULL
 def test_import_records_the_architecture(imported):
   """Per-family conventions land in moejax's config keys."""
-  cfg = {f: json.loads((imported[f][1] / "config.json").read_text())["model"] for f in CONFIGS}
+  cfg = {
+    f: json.loads((imported[f, True][1] / "config.json").read_text())["model"] for f in CONFIGS
+  }
   assert [cfg[f]["moe"]["rule"] for f in CONFIGS] == [
     "olmoe",
     "qwen3_moe",
@@ -170,14 +195,41 @@ def test_import_records_the_architecture(imported):
   assert (cfg["olmoe"]["rope_theta"], cfg["olmoe"]["norm_eps"]) == (500.0, 1e-5)
 
 
-@pytest.mark.parametrize("fam", one_default(CONFIGS, "olmoe"))
-def test_export_round_trips(imported, tokens, fam, tmp_path):
-  hf, run, _, _ = imported[fam]
+@pytest.mark.parametrize(("fam", "scan"), CASES)
+def test_export_round_trips(imported, tokens, fam, scan, tmp_path):
+  """Import then export gives back transformers' tensors bit for bit: Δlogit 0.0."""
+  hf, run, _, _ = imported[fam, scan]
   export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
   back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
   assert type(back) is type(hf)
-  np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), hf_logits(hf, tokens, K), atol=1e-4)
+  want, got = hf.state_dict(), back.state_dict()
+  assert sorted(got) == sorted(want)
+  assert all(torch.equal(got[n], want[n]) for n in want), [
+    n for n in want if not torch.equal(got[n], want[n])
+  ]
+  assert np.abs(hf_logits(back.eval(), tokens, K) - hf_logits(hf, tokens, K)).max() == 0.0
   assert os.path.exists(tmp_path / "out" / "tokenizer.json")
+
+
+def test_import_stacks_the_layers_it_fills(imported):
+  """The scanned import is the unrolled one stacked (rows = layers, `stack.unstack`), both
+  hold what the HF tensors say, and each run records its layout in config.json."""
+  _, scanned, _, src = imported["olmoe", True]
+  _, unrolled, _, _ = imported["olmoe", False]
+  saved = {r: json.loads((r / "config.json").read_text()) for r in (scanned, unrolled)}
+  assert [saved[r]["model"]["scan_layers"] for r in (scanned, unrolled)] == [True, False]
+  mc = {r: build.model_config(workdir_lib.from_saved(saved[r]), V) for r in saved}
+  params = {r: runstate.restore_params(str(r), runstate.abstract(mc[r])[1]) for r in saved}
+  assert any(p[0] == "stacks" for p in params[scanned]) and not any(
+    p[0] == "layers" for p in params[scanned]
+  )
+  flat = stack.unstack(params[scanned], layer_segments(mc[scanned]))
+  assert sorted(flat, key=str) == sorted(params[unrolled], key=str)
+  for path, a in params[unrolled].items():
+    np.testing.assert_array_equal(flat[path], a, err_msg=str(path))
+  up_FxD = load_file(src / "model.safetensors")["model.layers.1.mlp.experts.3.up_proj.weight"]
+  w_up_RxExDxF = params[scanned][("stacks", 0, "blocks", 0, "mlp", "experts", "w_up")]
+  np.testing.assert_array_equal(w_up_RxExDxF[1, 3], up_FxD.T)  # layer 1 is row 1, expert 3
 
 
 def test_export_native_run(tmp_path, tokens):
@@ -206,7 +258,7 @@ def test_export_native_run(tmp_path, tokens):
 
 
 def test_import_errors_name_the_tensor_or_key(imported, tmp_path):
-  _, _, _, src = imported["olmoe"]
+  _, _, _, src = imported["olmoe", True]
   bad = tmp_path / "bad"
   bad.mkdir()
   for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -220,8 +272,9 @@ def test_import_errors_name_the_tensor_or_key(imported, tmp_path):
     import_checkpoint(str(bad), str(tmp_path / "r1"), {"progress": False})
   save_file(tensors, bad / "model.safetensors")
   (bad / "config.json").write_text(json.dumps({**hf, "intermediate_size": 20}))
+  shape = r"tensor model.layers.0.mlp.experts.0.\w+.weight .* has shape .* does not fit moejax's "
   with pytest.raises(
-    UserError, match=r"tensor model.layers.0.mlp.experts.0.\w+.weight .* has shape"
+    UserError, match=shape + r"stacks\.0\.blocks\.0\.mlp\.experts\.w_\w+\[row 0\]"
   ):
     import_checkpoint(str(bad), str(tmp_path / "r2"), {"progress": False})
   (bad / "config.json").write_text(json.dumps({**hf, "architectures": ["LlamaForCausalLM"],
@@ -244,7 +297,7 @@ def test_grid_on_imported_model(imported):
   from moejax.data.pipeline import make_data
   from moejax.kgrid.run import run_grid
 
-  hf, run, _, _ = imported["olmoe"]
+  hf, run, _, _ = imported["olmoe", True]
   rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
   assert [(r["k1"], r["k2"]) for r in rows] == [(4, "native"), (2, "native")]
   c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
@@ -276,7 +329,7 @@ def test_imported_run_is_for_evaluation_only(imported):
   training on it is refused in one line naming the run."""
   from moejax.training import workdir
 
-  _, run, _, src = imported["olmoe"]
+  _, run, _, src = imported["olmoe", True]
   meta = json.loads((run / "checkpoints" / "0" / "state" / "_METADATA").read_text())
   tops = {key.split("'")[1] for key in meta["tree_metadata"]}  # "('params', 'embed', ...)"
   assert tops == {"step", "params", "router"}
@@ -284,3 +337,19 @@ def test_imported_run_is_for_evaluation_only(imported):
   with pytest.raises(UserError, match=f"imported from {src}: imported runs are for evaluation"):
     workdir.refuse_imported(saved, str(run / "config.json"))
   workdir.refuse_imported({k: v for k, v in saved.items() if k != "resolved"}, "trained")
+
+
+@FULL
+def test_cli_import_takes_the_layout(imported, tmp_path):
+  """`--noscan_layers` imports into the unrolled layout and records it."""
+  _, _, _, src = imported["olmoe", True]
+  env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"}
+  run = tmp_path / "run"
+  cmd = [sys.executable, "-m", "moejax.hf", "import", str(src), "--workdir", str(run),
+         "--noscan_layers", "--noprogress", "--seq_len=16", "--sequences=8"]  # fmt: skip
+  p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+  assert p.returncode == 0, p.stderr
+  assert json.loads((run / "config.json").read_text())["model"]["scan_layers"] is False
+  meta = json.loads((run / "checkpoints" / "0" / "state" / "_METADATA").read_text())
+  assert any("'layers'" in k for k in meta["tree_metadata"])
+  assert not any("'stacks'" in k for k in meta["tree_metadata"])

@@ -1,4 +1,4 @@
-"""`python -m moejax.hf import PATH --workdir DIR [--text FILES ...]` and
+"""`python -m moejax.hf import PATH --workdir DIR [--text FILES ...] [--noscan_layers]` and
 `python -m moejax.hf export --workdir DIR --out OUT [--step N]`."""
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ _SEQ_LEN = flags.DEFINE_integer("seq_len", 512, "import: tokens per evaluated se
 _SEQUENCES = flags.DEFINE_integer("sequences", 256, "import: held-out sequences the grid uses.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "import: eval batch size.")
 _HOLDOUT = flags.DEFINE_float("holdout_fraction", 0.02, "import: held-out share of documents.")
+_SCAN = flags.DEFINE_boolean(
+  "scan_layers", True, "import: model.scan_layers, the parameter layout (stacked layers)."
+)
 _PROGRESS = flags.DEFINE_boolean("progress", True, "Show progress bars.")
 
 USAGE = "usage: python -m moejax.hf import PATH --workdir DIR | export --workdir DIR --out OUT"
@@ -48,6 +51,7 @@ def main() -> int:
       "sequences": _SEQUENCES.value,
       "batch_size": _BATCH.value,
       "holdout_fraction": _HOLDOUT.value,
+      "scan_layers": _SCAN.value,
       "progress": _PROGRESS.value,
     }
     import_checkpoint(args[1], _WORKDIR.value, opts)

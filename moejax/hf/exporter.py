@@ -2,7 +2,9 @@
 
 Writes config.json, safetensors shards in the per-expert layout every transformers version
 (and vLLM) reads, `model.safetensors.index.json`, and the run's tokenizer when it has a
-`tokenizer.json` (imported `hf:` tokenizers and locally trained BPEs).
+`tokenizer.json` (imported `hf:` tokenizers and locally trained BPEs). A run in the scanned
+layout (`model.scan_layers`, recorded in its config.json) is read row by row: each HF
+tensor is its layer's row of a stack (`tensors.Spec.view`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """`import`: a transformers checkpoint directory → a moejax run directory, shard by shard.
 
 Memory: the float32 parameter arrays are allocated once (empty) and filled while the
-safetensors shards stream past, one tensor at a time; nothing else holds the model.
+safetensors shards stream past, one tensor at a time; nothing else holds the model. With
+`model.scan_layers` (the default; `--noscan_layers` for the unrolled layout) the arrays are
+the stacks, and each layer's tensors fill its row in place.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def build_config(hf: dict, fam: fl.Family, src: str, opts: dict):
   c = config_lib.base_config()
   model = hfconfig.to_moejax(hf, fam, os.path.join(src, "config.json"))
   c.model.moe.update(model.pop("moe"))
-  c.model.update(model)
+  c.model.update(model, scan_layers=opts.get("scan_layers", c.model.scan_layers))
   c.data.update(
     corpus="files" if opts.get("text") else "stdlib",
     paths=opts.get("text", ""),
@@ -134,13 +136,13 @@ def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> No
       shard = _Shard(path, stack)
       for name in shard.np.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
         for spec in by_name.get(name, ()):
-          dest = arrays[spec.path] if spec.index is None else arrays[spec.path][spec.index]
+          dest = spec.view(arrays)  # in place: a layer's row of a stack, an expert's slice
           value = spec.to_moejax(shard.read(name))
           if value.shape != dest.shape:
             hf_shape = list(shard.np.get_slice(name).get_shape())
             raise UserError(
               f"tensor {name} in {path} has shape {hf_shape}, which does not fit "
-              f"moejax's {'.'.join(map(str, spec.path))} {list(dest.shape)}"
+              f"moejax's {spec.where()} {list(dest.shape)}"
             )
           dest[...] = value
 

@@ -5,6 +5,10 @@ transposed. Routed experts are one HF tensor per expert (`experts.{e}.gate_proj.
 and one stacked moejax array (`experts.w_gate [E, d_model, d_expert]`); transformers 5's
 fused in-memory layout (`experts.gate_up_proj [E, 2F, D]`, `experts.down_proj [E, D, F]`)
 is read too.
+
+With `model.scan_layers` a layer's arrays are rows of its segment's stacks
+(`moejax.nn.stack`): a `Spec` names the stacked array and the layer's row in it, so import
+fills the row in place and export reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import NamedTuple
 import numpy as np
 
 from moejax.hf.families import Family
-from moejax.nn.model import ModelConfig, is_moe_layer
+from moejax.nn import stack
+from moejax.nn.model import ModelConfig, is_moe_layer, layer_segments
 
 Path = tuple  # a moejax parameter path, e.g. ("layers", 0, "attn", "q_proj", "kernel")
 
@@ -27,6 +32,18 @@ class Spec(NamedTuple):
   index: int | None = None  # expert index into a stacked [E, ...] array
   transpose: bool = False  # swap the last two axes
   rows: tuple[int, int] | None = None  # HF rows [a, b) along axis -2 (fused gate_up)
+  layer_row: int | None = None  # the layer's row in a scanned stack [R, ...]
+
+  def view(self, arrays: dict[Path, np.ndarray]) -> np.ndarray:
+    """The array, layer row or expert slice of `arrays` this tensor is: a view, not a copy."""
+    a = arrays[self.path]
+    a = a if self.layer_row is None else a[self.layer_row]
+    return a if self.index is None else a[self.index]
+
+  def where(self) -> str:
+    """The moejax side for messages: 'stacks.1.blocks.0.mlp.router.kernel[row 2]'."""
+    row = "" if self.layer_row is None else f"[row {self.layer_row}]"
+    return ".".join(map(str, self.path)) + row
 
   def to_moejax(self, hf_array: np.ndarray) -> np.ndarray:
     """The HF tensor as the moejax array (or expert slice) it fills."""
@@ -34,8 +51,8 @@ class Spec(NamedTuple):
     return np.swapaxes(a, -1, -2) if self.transpose else a
 
   def to_hf(self, params: dict[Path, np.ndarray]) -> np.ndarray:
-    """The HF tensor from moejax's arrays (legacy per-expert layout only)."""
-    a = params[self.path] if self.index is None else params[self.path][self.index]
+    """The HF tensor from moejax's arrays, either layout (legacy per-expert HF layout only)."""
+    a = self.view(params)
     return np.ascontiguousarray(np.swapaxes(a, -1, -2) if self.transpose else a)
 
 
@@ -74,7 +91,8 @@ def _moe(mc: ModelConfig, fam: Family, i: int, fused: bool) -> list[Spec]:
 
 
 def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset()) -> list[Spec]:
-  """Every tensor of the HF checkpoint, in HF order, mapped onto moejax's parameters."""
+  """Every tensor of the HF checkpoint, in HF order, mapped onto moejax's parameters (rows
+  of the stacks when `mc.scan_layers`)."""
   out = [Spec("model.embed_tokens.weight", ("embed", "embedding"))]
   for i in range(mc.n_layers):
     p = f"model.layers.{i}."
@@ -88,7 +106,16 @@ def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset
   out.append(Spec("model.norm.weight", ("final_norm", "scale")))
   if not mc.tie_embeddings:
     out.append(Spec("lm_head.weight", ("lm_head", "kernel"), None, True))
-  return out
+  if not mc.scan_layers:
+    return out
+  segs = layer_segments(mc)
+  return [_scanned(s, segs) for s in out]
+
+
+def _scanned(spec: Spec, segs: tuple[stack.Segment, ...]) -> Spec:
+  """`spec` of the unrolled layout as its stacked array and layer row."""
+  path, row = stack.scanned_path(spec.path, segs)
+  return spec._replace(path=path, layer_row=row)
 
 
 def fused_layers(names: set[str], fam: Family, n_layers: int) -> frozenset[int]:
