@@ -151,14 +151,15 @@ class ParamCount(NamedTuple):
 
 def param_names(keypath) -> tuple[str, ...]:
   """A parameter's key path inside an `nnx.State` as names, e.g. ('layers', '3', 'mlp',
-  'experts', 'w_up'), without nnx's trailing 'value'."""
+  'experts', 'w_up'), or scanned ('stacks', '1', 'blocks', '0', 'mlp', ...), without nnx's
+  trailing 'value'."""
   names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in keypath)
   return names[:-1] if names and names[-1] == "value" else names
 
 
 def param_count(names: tuple[str, ...], shape: tuple[int, ...], moe: MoEConfig | None):
   """The ParamCount of one parameter: whole, or K/E of it for a routed expert's weights
-  (their leading axis is E, so the count is exact)."""
+  (E is one of their axes, after the layer axis of a scanned stack, so the count is exact)."""
   size = math.prod(shape)
   active = size * moe.top_k // moe.n_experts if moe is not None and "experts" in names else size
   return ParamCount(size, active)

@@ -97,7 +97,8 @@ def tiny(**model) -> ml_collections.ConfigDict:
   return c
 
 
-def test_groups_match_hand_formulas():
+@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
+def test_groups_match_hand_formulas(scan):
   V, D, L, H, G, hd, F_dense, E, K, F, S = 11, 8, 3, 2, 1, 4, 12, 4, 2, 6, 10
   n_moe = 2  # layers 1 and 2
   want = {
@@ -110,12 +111,12 @@ def test_groups_match_hand_formulas():
     "shared_experts": n_moe * (3 * D * S + D),  # + the sigmoid gate's D x 1 kernel
     "routed_experts": n_moe * E * 3 * D * F,
   }
-  ws = describe.worksheet(tiny(), 0)
+  ws = describe.worksheet(tiny(scan_layers=scan), 0)
   assert {g.name: g.total for g in ws.groups} == want
   assert ws.group("routed_experts").active == want["routed_experts"] * K // E
   assert ws.active == sum(want.values()) - want["routed_experts"] * (E - K) // E
   assert ws.conventions["non_embedding"][0] == sum(want.values()) - 2 * V * D
-  tied = describe.worksheet(tiny(tie_embeddings=True), 0)
+  tied = describe.worksheet(tiny(tie_embeddings=True, scan_layers=scan), 0)
   assert tied.group("lm_head").total == 0 and tied.total == ws.total - D * V
 
 
@@ -137,6 +138,47 @@ def test_parameters_are_only_shapes():
 def test_an_unknown_parameter_path_is_an_error():
   with pytest.raises(ValueError, match="no worksheet group"):
     describe.group_of(("layers", "0", "mystery", "kernel"))
+  with pytest.raises(ValueError, match="no worksheet group"):
+    describe.group_of(("stacks", "1", "blocks", "0", "mystery", "kernel"))
+  assert describe.group_of(("stacks", "1", "blocks", "0", "mlp", "experts", "w_up")) == (
+    "routed_experts"
+  )
+
+
+# Configs whose layer stacks cut into different segments (`moejax.nn.stack`): a dense
+# prefix and an MoE stack; a moe_every=2 period with a left-over tail; GShard's moe_every=2;
+# DeepSeek-V3's 3 dense layers then 58 MoE layers.
+LAYOUT_CASES = {
+  "first_dense": lambda: tiny(),
+  "moe_every_tail": lambda: tiny(n_layers=6, moe_every=2),
+  "gshard": lambda: cli.load_file(str(ROOT / "configs" / "gshard.py")),
+  "deepseek_v3": lambda: cli.load_file(str(FULL_DIR / "deepseek_v3.py")),
+}
+
+
+def _layout(c, scan: bool):
+  """(worksheet, its text, build.count_params, the parameters' top-level names) in one
+  layout."""
+  c.model.scan_layers = scan
+  mc = build.model_config(c, 257)
+  params = build.abstract_params(mc)
+  tops = {build.param_names(p)[0] for p, _ in jax.tree_util.tree_leaves_with_path(params)}
+  ws = describe.worksheet(c, 257)
+  return ws, describe.format_worksheet(ws), build.count_params(params, mc.moe), tops
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_CASES))
+def test_worksheet_and_counts_are_the_same_in_both_layouts(name):
+  """`model.scan_layers` changes where parameters live, not what the worksheet prints nor
+  what `build.count_params` counts (routed experts at K/E behind a stack's layer axis)."""
+  c = LAYOUT_CASES[name]()
+  ws, text, count, tops = _layout(c, True)
+  ws_unrolled, text_unrolled, count_unrolled, tops_unrolled = _layout(c, False)
+  assert "stacks" in tops and "layers" not in tops  # the layouts differ
+  assert "layers" in tops_unrolled and "stacks" not in tops_unrolled
+  assert text == text_unrolled and ws == ws_unrolled
+  assert count == count_unrolled == (ws.total, ws.active)
+  assert f"{ws.total:,}" in text and ws.active < ws.total  # the text holds the counts
 
 
 def test_text_states_router_capacity_losses_and_mesh(sheets):

@@ -110,7 +110,9 @@ class Worksheet:
 
 
 def group_of(names: tuple[str, ...]) -> str:
-  """The group of a parameter path such as ('layers', '3', 'mlp', 'experts', 'w_up')."""
+  """The group of a parameter path, unrolled ('layers', '3', 'mlp', 'experts', 'w_up') or
+  scanned ('stacks', '1', 'blocks', '0', 'mlp', 'experts', 'w_up'): a stack is counted whole,
+  every layer of its segment at once (`moejax.nn.stack`)."""
   if names[0] in ("embed", "lm_head"):
     return "embeddings" if names[0] == "embed" else "lm_head"
   if names[-2].endswith("norm"):
@@ -124,7 +126,8 @@ def group_of(names: tuple[str, ...]) -> str:
 
 def count_groups(mc: ModelConfig) -> tuple[ParamGroup, ...]:
   """Totals and actives per group of the abstract parameters, each counted by
-  `build.param_count` (so the groups add up to `build.count_params`)."""
+  `build.param_count` (so the groups add up to `build.count_params`); the same in both
+  layouts of `model.scan_layers`."""
   totals, actives = dict.fromkeys(GROUPS, 0), dict.fromkeys(GROUPS, 0)
   for path, leaf in jax.tree_util.tree_leaves_with_path(build.abstract_params(mc)):
     names = build.param_names(path)
