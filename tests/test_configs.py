@@ -180,8 +180,13 @@ def test_preset_forward_and_grads(name):
   leaves = jax.tree_util.tree_leaves_with_path(grads)
   bad = [jax.tree_util.keystr(p) for p, g in leaves if not np.all(np.isfinite(np.asarray(g)))]
   assert not bad, bad
-  router_grads = [g for p, g in leaves if "router" in jax.tree_util.keystr(p)]
-  assert len(router_grads) == n_moe
+  router_grads = [  # one [D, E] per MoE layer: a scanned stack's rows, or a layer's own
+    row
+    for p, g in leaves
+    if "router" in jax.tree_util.keystr(p)
+    for row in (g if "'stacks'" in jax.tree_util.keystr(p) else [g])
+  ]
+  assert len(router_grads) == n_moe and all(g.ndim == 2 for g in router_grads)
   assert any(float(jnp.abs(g).max()) > 0 for g in router_grads)  # routing is differentiable
   for aux in auxes:
     assert all(np.isfinite(float(v)) for v in aux.values())

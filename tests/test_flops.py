@@ -62,18 +62,23 @@ def test_dense_model_flops_match_a_hand_count():
   assert flops.training_flops_per_token(cfg, SEQ_LEN).at() == 6 * (3 * per_layer + 8 * 11) + scores
 
 
+@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 @pytest.mark.parametrize("tie", [True, False])
-def test_matmul_params_are_the_models_matrices_at_k_of_e(tie):
-  """N from the built model: every weight matrix (rank >= 2; norms and biases are vectors),
-  experts' [E, ...] stacks at K/E, the tied embedding as the head, an untied one not at all."""
-  cfg = hand_config(tie_embeddings=tie)
+def test_matmul_params_are_the_models_matrices_at_k_of_e(tie, scan):
+  """N from the built model: every weight matrix (rank >= 2 per layer; norms and biases are
+  vectors), experts' [E, ...] stacks at K/E, the tied embedding as the head, an untied one
+  not at all. A scanned stack's leading layer axis counts every layer of its segment."""
+  cfg = hand_config(tie_embeddings=tie, scan_layers=scan)
   model = Transformer(cfg, rngs=nnx.Rngs(0))
-  n = 0.0
+  n, layer_axes = 0.0, set()
   for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
     names = [str(getattr(p, "key", p)) for p in path]
-    if leaf.ndim < 2 or ("embed" in names and not tie):
+    ndim = leaf.ndim - ("stacks" in names)  # one layer's rank
+    layer_axes.add(leaf.ndim - ndim)
+    if ndim < 2 or ("embed" in names and not tie):
       continue
-    n += leaf.size * (2 / 4 if leaf.ndim == 3 else 1)
+    n += leaf.size * (2 / 4 if ndim == 3 else 1)
+  assert layer_axes == ({0, 1} if scan else {0})
   assert flops.matmul_params(cfg).active(2) == n
 
 

@@ -119,9 +119,9 @@ def hand_bytes(fsdp: int, expert: int) -> int:
   return int(3 * 4 * per_param + 4 * BIASES + 4 * SCALARS)
 
 
-def abstract_state():
+def abstract_state(scan: bool = True):
   c = config_lib.base_config()
-  c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2)
+  c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, scan_layers=scan)
   c.model.moe.update(n_experts=16, top_k=2, d_expert=32)
   cfg = build.model_config(c, vocab_size=256)
   _, params, router = step_lib.split_model(
@@ -145,6 +145,7 @@ def device_bytes(state, mesh) -> int:
   )
 
 
+@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 @pytest.mark.parametrize(
   ("data", "fsdp", "expert", "expected"),
   [
@@ -153,24 +154,35 @@ def device_bytes(state, mesh) -> int:
     (16, 1, 1, 2_879_372),  # pure data parallel: everything replicated
   ],
 )
-def test_state_bytes_per_device(data, fsdp, expert, expected):
+def test_state_bytes_per_device(data, fsdp, expert, expected, scan):
+  """The same bytes in both layouts: a stack's layer axis is never split."""
   assert hand_bytes(fsdp, expert) == expected  # the count by hand, written out above
   mesh = compat.abstract_mesh((data, fsdp, expert), sharding.AXES)
-  assert device_bytes(abstract_state(), mesh) == expected
+  assert device_bytes(abstract_state(scan), mesh) == expected
 
 
-def test_expert_specs():
-  state = abstract_state()
+# Where layer 0's routed experts live: ("stacks", segment, "blocks", position) holds every
+# layer of the 2-layer MoE stack on a leading axis; ("layers", 0) is layer 0 alone.
+EXPERTS_AT = {
+  True: "['stacks'][0]['blocks'][0]['mlp']['experts']",
+  False: "['layers'][0]['mlp']['experts']",
+}
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
+def test_expert_specs(scan):
+  state = abstract_state(scan)
   mesh = compat.abstract_mesh((1, 8, 2), sharding.AXES)
   specs = {
     jax.tree_util.keystr(p): s.spec
     for p, s in jax.tree_util.tree_leaves_with_path(sharding.state_sharding(state, mesh))
   }
-  experts = "['params']['layers'][0]['mlp']['experts']"
-  assert tuple(specs[f"{experts}['w_gate'].value"]) == ("expert", "fsdp", None)
-  assert tuple(specs[f"{experts}['w_down'].value"]) == ("expert", None, "fsdp")
-  mu = "['opt_state'][1][0].mu['layers'][0]['mlp']['experts']"
-  assert tuple(specs[f"{mu}['w_up'].value"]) == ("expert", "fsdp", None)
+  layer = (None,) if scan else ()  # a stack's layer axis: never sharded
+  experts = f"['params']{EXPERTS_AT[scan]}"
+  assert tuple(specs[f"{experts}['w_gate'].value"]) == (*layer, "expert", "fsdp", None)
+  assert tuple(specs[f"{experts}['w_down'].value"]) == (*layer, "expert", None, "fsdp")
+  mu = f"['opt_state'][1][0].mu{EXPERTS_AT[scan]}"
+  assert tuple(specs[f"{mu}['w_up'].value"]) == (*layer, "expert", "fsdp", None)
 
 
 # --------------------------------------------------------------------- config keys
