@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import textwrap
 
+import jax
 import pytest
 from failure_helpers import results_on_host_devices, tiny
+from jax.sharding import PartitionSpec as P
 from tiers import FULL
 
+from moejax import build, compat, sharding
 from moejax.errors import UserError
+from moejax.nn import stack
+from moejax.nn.model import layer_segments
 from moejax.training import trainer
 
 SCRIPT = textwrap.dedent(r'''
@@ -69,7 +74,7 @@ SCRIPT = textwrap.dedent(r'''
     out["loss"] = [float(m["loss"])]
     expert_w = [x for path, x in jax.tree_util.tree_leaves_with_path(state["params"])
                 if "experts" in jax.tree_util.keystr(path)][0]
-    out["expert_w_axis0"] = expert_w.sharding.spec[0] if expert_w.sharding.spec else None
+    out["expert_w_spec"] = list(expert_w.sharding.spec)
     out["expert_w_shards"] = sorted({tuple(x.data.shape) for x in expert_w.addressable_shards})
     out["grad_norm"] = [float(m["grad_norm"])]
 
@@ -197,9 +202,9 @@ def test_fsdp_and_expert_meshes(results):
   assert r["bias_moved"]
   e = results["expert2"]
   assert e["mesh"] == {"data": 4, "fsdp": 1, "expert": 2}
-  assert e["expert_w_axis0"] == "expert"
-  assert e["expert_w_shards"] == [[4, 32, 32]]  # 8 experts over 2: 4 per device
-  assert results["data8"]["expert_w_shards"] == [[8, 32, 32]]
+  assert e["expert_w_spec"][:2] == [None, "expert"]  # [layer, E, D, F]: the layer axis whole
+  assert e["expert_w_shards"] == [[2, 4, 32, 32]]  # 8 experts over 2: 4 per device, 2 layers
+  assert results["data8"]["expert_w_shards"] == [[2, 8, 32, 32]]
   assert e["batch_shards"] == [[2, 17]]  # replicated over `expert`, split over data
 
 
@@ -215,8 +220,8 @@ def test_mesh_that_does_not_fit_the_devices_is_a_user_error(results):
 @pytest.mark.parametrize(
   ("name", "mesh", "expert_shard"),
   [
-    ("restore_expert2", [["data", 4], ["fsdp", 1], ["expert", 2]], [4, 32, 32]),
-    ("restore_data8", [["data", 8], ["fsdp", 1], ["expert", 1]], [8, 32, 32]),
+    ("restore_expert2", [["data", 4], ["fsdp", 1], ["expert", 2]], [2, 4, 32, 32]),
+    ("restore_data8", [["data", 8], ["fsdp", 1], ["expert", 1]], [2, 8, 32, 32]),
   ],
 )
 def test_checkpoint_restores_onto_another_mesh(results, name, mesh, expert_shard):
@@ -224,7 +229,7 @@ def test_checkpoint_restores_onto_another_mesh(results, name, mesh, expert_shard
   assert r["saved_mesh"] == {"data": 2, "fsdp": 4, "expert": 1} and r["fsdp_split_saved"]
   assert r["mesh"] == [mesh]  # every restored leaf lives on the new mesh ...
   assert r["placed"]  # ... with the placement the new mesh gives it
-  assert r["expert_shard"] == expert_shard  # 8 experts over `expert` (2 or 1 devices)
+  assert r["expert_shard"] == expert_shard  # 2 layers x 8 experts over `expert` (2 or 1)
   assert r["step"] == 7 and r["data"] == {"position": 3}
   assert r["n_leaves"] > 10 and r["equal"] and r["changed"]  # the saved values, not the init
 
@@ -237,3 +242,37 @@ def test_a_mesh_larger_than_this_host_is_refused_in_one_line():
   with pytest.raises(UserError) as e:
     trainer.check_config(c)
   assert "mesh.data" in str(e.value) and "\n" not in str(e.value)
+
+
+def _param_specs(c) -> dict[tuple, P]:
+  """Parameter path (names) -> its spec on a (data 1, fsdp 2, expert 2) abstract mesh."""
+  mesh = compat.abstract_mesh((1, 2, 2), sharding.AXES)
+  params = build.abstract_params(build.model_config(c, 64))
+  flat = jax.tree_util.tree_leaves_with_path(sharding.state_sharding(params, mesh))
+  return {build.param_names(p): s.spec for p, s in flat}
+
+
+def test_a_stacks_layer_axis_is_never_sharded():
+  """Scanned stacks (`model.scan_layers`) shard as their layers do, behind a whole layer
+  axis: a routed expert [R, E, D, F] is (None, expert, fsdp, None) even where R divides the
+  fsdp axis, and every leaf is its unrolled layers' spec with None in front."""
+  c = tiny()
+  c.model.update(n_layers=5, first_dense=1, moe_every=2)  # a stack of R = 2 periods
+  c.model.moe.n_experts = 4
+  scanned = _param_specs(c)
+  c.model.scan_layers = False
+  unrolled = _param_specs(c)
+  w_gate = ("stacks", "1", "blocks", "0", "mlp", "experts", "w_gate")
+  assert tuple(scanned[w_gate]) == (None, "expert", "fsdp", None)
+  assert tuple(scanned[("stacks", "1", "blocks", "0", "attn", "q_proj", "kernel")])[:2] == (
+    None,
+    "fsdp",
+  )
+  segs = layer_segments(build.model_config(c, 64))
+  seen = set()
+  for path, spec in unrolled.items():
+    new, row = stack.scanned_path(path, segs)
+    assert tuple(scanned[new]) == (tuple(spec) if row is None else (None, *spec)), path
+    seen.add(new)
+  assert seen == set(scanned)  # every stacked leaf is some layers' leaf
+  assert all(spec and spec[0] is None for p, spec in scanned.items() if p[0] == "stacks")
