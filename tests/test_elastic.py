@@ -211,13 +211,14 @@ def test_native_eval_of_a_top_k_trained_model_divides_by_the_top_k_mass(rule):
   from flax import nnx
 
   from moejax.nn.moe import MoEBlock
+  from moejax.nn.overrides import Overrides
 
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 16)), jnp.float32)
   out = {}
   for k2_mode in ("K", "k"):
     cfg = MoEConfig(d_model=16, n_experts=E, top_k=K, d_expert=8, rule=rule, train_k2=k2_mode)
     block = MoEBlock(cfg, rngs=nnx.Rngs(0))
-    out[k2_mode] = [np.asarray(block(x, k=2, k2=k2)[0]) for k2 in (None, K)]
+    out[k2_mode] = [np.asarray(block(x, ov=Overrides(k=2, k2=k2))[0]) for k2 in (None, K)]
   np.testing.assert_array_equal(out["K"][0], out["K"][1])
   assert not np.allclose(out["k"][0], out["k"][1])
 

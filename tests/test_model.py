@@ -132,33 +132,45 @@ def param_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
   return {".".join(map(str, path)): tuple(v[...].shape) for path, v in flat}
 
 
+def _block_shapes(prefix: str, lead: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+  one = {
+    "attn_norm.scale": (16,),
+    "mlp_norm.scale": (16,),
+    "attn.q_proj.kernel": (16, 32),
+    "attn.k_proj.kernel": (16, 16),
+    "attn.v_proj.kernel": (16, 16),
+    "attn.o_proj.kernel": (32, 16),
+    "attn.q_norm.scale": (8,),
+    "attn.k_norm.scale": (8,),
+    "mlp.w_gate": (16, 24),
+    "mlp.w_up": (16, 24),
+    "mlp.w_down": (24, 16),
+  }
+  return {prefix + k: lead + v for k, v in one.items()}
+
+
 @pytest.mark.parametrize("tie", [True, False])
-def test_param_tree(tie: bool):
-  cfg = ModelConfig(**TINY, head_dim=8, qk_norm=True, tie_embeddings=tie)
+@pytest.mark.parametrize("scan", [False, True])
+def test_param_tree(tie: bool, scan: bool):
+  """Unrolled: one entry per layer. Scanned: the 2 dense layers as one stack, a leading
+  layer axis of 2 on every block parameter."""
+  cfg = ModelConfig(**TINY, head_dim=8, qk_norm=True, tie_embeddings=tie, scan_layers=scan)
   shapes = param_shapes(Transformer(cfg, rngs=nnx.Rngs(0)))
   expected = {"embed.embedding": (32, 16), "final_norm.scale": (16,)}
-  for i in range(2):
-    p = f"layers.{i}."
-    expected |= {
-      p + "attn_norm.scale": (16,),
-      p + "mlp_norm.scale": (16,),
-      p + "attn.q_proj.kernel": (16, 32),
-      p + "attn.k_proj.kernel": (16, 16),
-      p + "attn.v_proj.kernel": (16, 16),
-      p + "attn.o_proj.kernel": (32, 16),
-      p + "attn.q_norm.scale": (8,),
-      p + "attn.k_norm.scale": (8,),
-      p + "mlp.w_gate": (16, 24),
-      p + "mlp.w_up": (16, 24),
-      p + "mlp.w_down": (24, 16),
-    }
+  if scan:
+    expected |= _block_shapes("stacks.0.blocks.0.", (2,))
+  else:
+    for i in range(2):
+      expected |= _block_shapes(f"layers.{i}.", ())
   if not tie:
     expected["lm_head.kernel"] = (16, 32)
   assert shapes == expected
 
 
 def test_init_std():
-  cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=128)
+  cfg = ModelConfig(
+    vocab_size=64, d_model=64, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=128, scan_layers=False
+  )
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   std = lambda p: float(jnp.std(p[...]))  # noqa: E731
   assert 0.015 < std(model.layers[0].attn.q_proj.kernel) < 0.025
@@ -249,13 +261,25 @@ def moe_config(**kw) -> ModelConfig:
 
 
 def test_moe_layer_types_and_params():
-  model = Transformer(moe_config(), rngs=nnx.Rngs(0))
+  model = Transformer(moe_config(scan_layers=False), rngs=nnx.Rngs(0))
   types_ = [type(b.mlp) for b in model.layers]
   assert types_ == [DenseFFN, MoEBlock, DenseFFN, MoEBlock]
   shapes = param_shapes(model)
   assert shapes["layers.1.mlp.router.kernel"] == (16, 4)
   assert shapes["layers.1.mlp.experts.w_gate"] == (4, 16, 8)
   assert "layers.0.mlp.router.kernel" not in shapes
+
+
+def test_scanned_moe_layer_types_and_params():
+  """first_dense 1, moe_every 2, 4 layers: a dense prefix stack (layer 0), the period
+  [MoE, dense] once (layers 1, 2), then the period's remainder [MoE] once (layer 3)."""
+  model = Transformer(moe_config(), rngs=nnx.Rngs(0))
+  types_ = [[type(b.mlp) for b in st.blocks] for st in model.stacks]
+  assert types_ == [[DenseFFN], [MoEBlock, DenseFFN], [MoEBlock]]
+  shapes = param_shapes(model)
+  assert shapes["stacks.1.blocks.0.mlp.router.kernel"] == (1, 16, 4)
+  assert shapes["stacks.2.blocks.0.mlp.experts.w_gate"] == (1, 4, 16, 8)
+  assert shapes["stacks.0.blocks.0.mlp.w_up"] == (1, 16, 24)
 
 
 def test_moe_forward_and_router_grad():
@@ -275,9 +299,9 @@ def test_moe_forward_and_router_grad():
     return jnp.mean(jax.nn.log_softmax(logits)[..., 0])  # LM term only: r_i carry the grad
 
   grads = jax.jit(jax.grad(loss))(params)
-  for i in (1, 3):
-    g = grads["layers"][i]["mlp"]["router"]["kernel"][...]
-    assert g.shape == (16, 4) and float(jnp.abs(g).sum()) > 0
+  for s in (1, 2):  # the MoE layers 1 and 3 (test_scanned_moe_layer_types_and_params)
+    g = grads["stacks"][s]["blocks"][0]["mlp"]["router"]["kernel"][...]
+    assert g.shape == (1, 16, 4) and float(jnp.abs(g).sum()) > 0
 
 
 @FULL

@@ -17,6 +17,7 @@ from flax import nnx
 
 from moejax.nn import losses
 from moejax.nn.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
+from moejax.nn.overrides import Overrides
 
 D, F, E, K, T, FS = 16, 8, 8, 2, 12, 8  # d_model, d_expert, experts, top_k, tokens, d_shared
 
@@ -220,7 +221,7 @@ def test_block_k_and_k2_overrides(rule):
   block = make_block(rule, seed=2)
   x = _x(2)
   for kw in (dict(k=1), dict(k=2, k2=8), dict(k=1, k2=4)):
-    y, ro = block(jnp.asarray(x), **kw)
+    y, ro = block(jnp.asarray(x), ov=Overrides(**kw))
     aux = aux_of(ro)
     y_ref, aux_ref = ref_block(block, rule, x, **kw)
     np.testing.assert_allclose(np.asarray(y), y_ref, rtol=1e-5, atol=1e-5, err_msg=str(kw))
@@ -231,11 +232,11 @@ def test_block_k_and_k2_overrides(rule):
       float(aux["shared_coef"]), aux_ref["shared_coef"], rtol=1e-5, atol=1e-7, err_msg=str(kw)
     )
   # Spot values independent of the parameters: trained K = 2 drives the constants.
-  aux = aux_of(block(jnp.asarray(x), k=1)[1])
+  aux = aux_of(block(jnp.asarray(x), ov=Overrides(k=1))[1])
   want_mass_k1 = {"mixtral": 1.0, "olmo": 2.0}
   if rule in want_mass_k1:
     np.testing.assert_allclose(float(aux["routed_mass"]), want_mass_k1[rule], rtol=1e-6)
-  aux = aux_of(block(jnp.asarray(x), k=2, k2=8)[1])
+  aux = aux_of(block(jnp.asarray(x), ov=Overrides(k=2, k2=8))[1])
   if rule == "olmo":  # 2 · Σ_{top-2} s / Σ_all s < 2
     assert float(aux["routed_mass"]) < 2.0 - 1e-3
   if rule == "kplus1":
@@ -245,9 +246,9 @@ def test_block_k_and_k2_overrides(rule):
 def test_block_k_override_out_of_range_raises():
   block = make_block("mixtral", d_shared=0)
   with pytest.raises(ValueError):
-    block(jnp.asarray(_x()), k=E + 1)
+    block(jnp.asarray(_x()), ov=Overrides(k=E + 1))
   with pytest.raises(ValueError):
-    block(jnp.asarray(_x()), k=2, k2=1)
+    block(jnp.asarray(_x()), ov=Overrides(k=2, k2=1))
 
 
 # --------------------------------------------------------------------------- aux

@@ -28,11 +28,15 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 }
 
 
-def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
+def block_call(name: str, *, train: bool) -> Callable:
   """`call(block, x, positions, rng, ov, per_layer)` running `block` with the overrides `ov`
   and this layer's rows of its per-layer fields (`Overrides.rows`), rematerialized by
-  policy `name`; `scanned`: inside a `lax.scan` body (CSE across iterations is safe there,
-  so `jax.checkpoint` need not prevent it, as JAX's docs advise for scans).
+  policy `name`.
+
+  Inside a layer scan too, `jax.checkpoint` keeps `prevent_cse=True` (MaxText passes False
+  when scanning): with False, XLA:CPU fuses the recomputation differently and a scanned
+  gradient differs from the unrolled one in the last bits; with True both are bitwise equal
+  (tests/test_scan.py), so a layout change never changes a run.
 
   The block is split into graph and state and run as a pure function under
   `jax.checkpoint`: a forward pass never writes the block's state (the router bias is
@@ -52,7 +56,7 @@ def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
     def pure(state, x_BxLxD, positions_BxL, rng, per_layer):
       return call(nnx.merge(graphdef, state), x_BxLxD, positions_BxL, rng, static_ov, per_layer)
 
-    checkpointed = jax.checkpoint(pure, policy=policy, prevent_cse=not scanned)
+    checkpointed = jax.checkpoint(pure, policy=policy)
     return checkpointed(state, x_BxLxD, positions_BxL, rng, per_layer)
 
   return remat_call

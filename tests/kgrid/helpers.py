@@ -192,6 +192,18 @@ def my_routing(z_TxE, bias_E, rule: dict, k1: int, k2, train_k: int = K):
   return sel, rule.get("scale", 1.0) * s_sel / denom, masses
 
 
+def layer_rows(tree: dict) -> list[dict]:
+  """Each layer's parameters (or router state), in layer order: the unrolled tree's
+  `layers[i]`, or row i of the grid runs' scanned stack (2 MoE layers, moe_every 1: one
+  stack of one block, `stacks[0].blocks[0]`, with a leading layer axis)."""
+  if "layers" in tree:
+    return [tree["layers"][i] for i in sorted(tree["layers"])]
+  assert list(tree["stacks"]) == [0] and list(tree["stacks"][0]["blocks"]) == [0]
+  block = tree["stacks"][0]["blocks"][0]
+  n = jax.tree.leaves(block)[0].shape[0]
+  return [jax.tree.map(lambda a, i=i: a[i], block) for i in range(n)]
+
+
 def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, scale=None):
   """Per-sequence loss and accuracy plus per-layer routed mass, score masses and routed-output
   mean square; `scale[l]` multiplies layer l's routed output (the sqrt/gain cells)."""
@@ -201,13 +213,13 @@ def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, 
   x = p["embed"]["embedding"][inp]
   B, L, D = x.shape
   mass, ms, masses = [], [], []
-  for i in sorted(p["layers"]):
-    lp = p["layers"][i]
+  router_rows = layer_rows(r)
+  for i, lp in enumerate(layer_rows(p)):
     x = x + _attention(_rms(x, lp["attn_norm"]["scale"]), lp["attn"], 2, 1)
     h = _rms(x, lp["mlp_norm"]["scale"]).reshape(B * L, D)
     mp = lp["mlp"]
     z = h @ mp["router"]["kernel"]
-    bias = np.asarray(r["layers"][i]["mlp"]["router"]["bias"], np.float64)
+    bias = np.asarray(router_rows[i]["mlp"]["router"]["bias"], np.float64)
     sel, w, m = my_routing(z, bias, rule, k1, k2, train_k)
     masses.append(m)
     ex = mp["experts"]

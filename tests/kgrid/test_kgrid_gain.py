@@ -4,6 +4,7 @@ recovered, and the gain cell's calibration split."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -70,9 +71,8 @@ def test_gain_fit_recovers_known_scale(restored):
   target_ms = fwd.run(calib, K).layers["routed_out_rms"]
   factors = [2.0, 0.25]
   params = jax.tree.map(lambda a: a, ev.params)
-  for layer, f in zip(sorted(params["layers"]), factors):
-    w = params["layers"][layer]["mlp"]["experts"]["w_down"]
-    w[...] = w[...] * f
+  w = params["stacks"][0]["blocks"][0]["mlp"]["experts"]["w_down"]  # [layer, E, F, D]
+  w[...] = w[...] * jnp.asarray(factors)[:, None, None, None]
   scaled = forward.CellForward(ev.graphdef, params, ev.router, ev.n_moe_layers)
   scaled._compiled = fwd._compiled  # same graph, same compiled forwards
   got = gain.fit_gain(lambda s: scaled.run(calib, K, scale_M=s).layers["routed_out_rms"], target_ms)
