@@ -7,6 +7,8 @@ compiler's bytes per device: what one program costs the sweep precheck (launch/p
       --config configs/study_calibration.py:gpu --gpu h100:8
 
 Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
+`--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
+one process, and prints the compile ratio scanned/unrolled.
 """
 
 from __future__ import annotations
@@ -40,11 +42,30 @@ def main() -> None:
   p.add_argument("--topology", default="", help="a TPU topology, e.g. v5e:4x4")
   p.add_argument("--gpu", default="", help="GPU nodes, e.g. h100:8")
   p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+  p.add_argument(
+    "--layouts", default="", help="scanned,unrolled: compile each model.scan_layers value"
+  )
   args = p.parse_args()
   c = cli.load_file(args.config)
   for assignment in args.set:
     _set(c, assignment)
   target = aot.tpu_target(args.topology) if args.topology else aot.gpu_target(args.gpu)
+  layouts = [v for v in args.layouts.split(",") if v]
+  if not layouts:
+    measure(c, target, args)
+    return
+  cpu = {}
+  for layout in layouts:
+    c.model.scan_layers = {"scanned": True, "unrolled": False}[layout]
+    print(f"[{layout}]")
+    cpu[layout] = measure(c, target, args)
+  if len(cpu) == 2:
+    a, b = layouts
+    print(f"compile CPU-s {a}/{b}: {cpu[a] / cpu[b]:.2f}")
+
+
+def measure(c, target, args) -> float:
+  """Lowers and compiles the train step of `c` for `target`; prints and returns compile CPU-s."""
 
   def lower():
     abstract = programs.abstract_run(c, target)
@@ -61,6 +82,7 @@ def main() -> None:
     f"  per device: temporaries {ma.temp_size_in_bytes / 2**30:.3f} GiB, "
     f"arguments {ma.argument_size_in_bytes / 2**30:.3f} GiB"
   )
+  return compile_cpu
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""`model.scan_layers` on CPU: compile time and step time, scanned against unrolled.
+
+Run: python benchmarks/scan_layers.py [--shape 64/8/32] [--repeats 5] [--set KEY=VALUE ...]
+The study shape (`base_config()` with qwen3_moe, E/K/f) and its dense twin (d_ff = K·f),
+each built scanned and unrolled, four train steps compiled in one process and timed
+interleaved (min of `--repeats`). Prints the compile seconds of each, the MoE/dense compile
+ratio in each layout, the scanned/unrolled step-time ratio and XLA's step bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+
+sys.path.insert(0, os.path.dirname(__file__))
+from aot_compile_time import _set
+from common import interleaved_min
+from study_shape import study_config
+from train_step import dense_twin, jitted_step
+
+
+def arms(moe_cfg) -> dict[str, object]:
+  """moe/dense × scanned/unrolled configs."""
+  out = {}
+  for kind, c in (("moe", moe_cfg), ("dense", dense_twin(moe_cfg))):
+    for scan in (True, False):
+      a = c.copy_and_resolve_references()
+      a.model.scan_layers = scan
+      out[f"{kind}/{'scanned' if scan else 'unrolled'}"] = a
+  return out
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shape", default="64/8/32", help="E/K/f")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+  args = p.parse_args()
+  E, K, f = (int(v) for v in args.shape.split("/"))
+  c = study_config(E, K, f)
+  for assignment in args.set:
+    _set(c, assignment)
+  built = {name: jitted_step(a) for name, a in arms(c).items()}
+  t = interleaved_min({name: b.step for name, b in built.items()}, args.repeats)
+  print(f"backend={jax.default_backend()} shape E/K/f={args.shape} layers={c.model.n_layers}")
+  print("| arm | compile s | step ms | step MiB |")
+  print("|---|---:|---:|---:|")
+  for name, b in built.items():
+    print(f"| {name} | {b.compile_s:.2f} | {t[name] * 1e3:.1f} | {b.step_bytes / 2**20:.0f} |")
+  for layout in ("scanned", "unrolled"):
+    ratio = built[f"moe/{layout}"].compile_s / built[f"dense/{layout}"].compile_s
+    print(f"compile MoE/dense, {layout}: {ratio:.2f}x")
+  for kind in ("moe", "dense"):
+    print(
+      f"step time scanned/unrolled, {kind}: {t[f'{kind}/scanned'] / t[f'{kind}/unrolled']:.3f}; "
+      f"compile {built[f'{kind}/scanned'].compile_s / built[f'{kind}/unrolled'].compile_s:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+  main()
