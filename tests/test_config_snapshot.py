@@ -40,6 +40,21 @@ def _resolve(spec: str) -> dict:
   )
 
 
+# Keys added since the snapshot, with the value every config file resolves them to; each is
+# checked, then dropped before the comparison (issue 34: the layer stack as a scan).
+ADDED = {("config", "model", "scan_layers"): True, ("model", "scan_layers"): True}
+
+
+def _without_added(got: dict) -> dict:
+  for path, value in ADDED.items():
+    *parents, leaf = path
+    node = got
+    for key in parents:
+      node = node[key]
+    assert node.pop(leaf) == value, path
+  return got
+
+
 def _differences(want, got, path: str = "") -> list[str]:
   """Every key path where `got` differs from `want` (missing, extra or another value)."""
   if isinstance(want, dict) and isinstance(got, dict):
@@ -58,7 +73,7 @@ def test_the_snapshot_covers_every_config_file():
 
 @pytest.mark.parametrize("spec", sorted(SNAPSHOT))
 def test_config_resolves_as_before(spec):
-  assert _differences(SNAPSHOT[spec], _resolve(spec)) == []
+  assert _differences(SNAPSHOT[spec], _without_added(_resolve(spec))) == []
 
 
 def test_differences_names_the_key():
