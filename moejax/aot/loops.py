@@ -13,6 +13,13 @@ constant (`compare(counter, constant(N)), direction=LT`, as XLA's windowed einsu
 jax's loops write it), N is its `bound`: the trips, the counter starting at 0 and stepping
 by 1.
 
+The layer scans (`model.scan_layers`: one `lax.scan` per segment of identical periods of
+layers, `moejax.nn.stack`) are loops of their own kind, `layers`: a while whose op_name ends
+in the named scope `scan_layers` (`model.LAYER_SCAN_SCOPE`; the backward's is its transpose),
+with a constant trip count, the segment's repeats (a segment of one period compiles to no
+loop). Loops inside their body (a block loop, a bisection) keep their own kind, one level
+deeper.
+
 Each loop's body is summarized by what runs per iteration: matmuls (dots, GEMM fusions and
 library GEMM calls), collectives, custom calls by target (Pallas/Mosaic/Triton kernels,
 cuBLAS, cuDNN) and the other fusions; nested loops are loops of their own.
@@ -23,6 +30,8 @@ from __future__ import annotations
 import collections
 import re
 from typing import NamedTuple
+
+from moejax.nn.model import LAYER_SCAN_SCOPE
 
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
@@ -104,6 +113,16 @@ class Loop(NamedTuple):
     a block loop, whose trips grow with the rows per device. Other loops without a count
     and no constant bound are reported as unannotated."""
     return self.trips is None and self.source.split(" ", 1)[-1].startswith("kernels/")
+
+  @property
+  def kind(self) -> str:
+    """`layers` (a layer scan), `dispatch` (`grows`), `fixed` (a compile-time trip count)
+    or `unannotated`."""
+    if self.what == LAYER_SCAN:
+      return "layers"
+    if self.grows:
+      return "dispatch"
+    return "unannotated" if self.trips is None else "fixed"
 
 
 class _Instr(NamedTuple):
@@ -247,6 +266,10 @@ def _bound(cond: str, comps) -> int | None:
   return int(value.group(1)) if value else None
 
 
+LAYER_SCAN = "a layer scan (model.scan_layers): a trip per period of layers"
+# The layer scan's own while (forward `jvp(scan_layers)/while`, backward its transpose), not
+# the loops in its body (`scan_layers/while/body/.../while`).
+_LAYER_OP = re.compile(rf"(?:^|[/(]){LAYER_SCAN_SCOPE}\)*/while$")
 _WHAT = (  # (pattern in the body's name or the while's op_name, what it is)
   (
     "windowed_dot_general",
@@ -259,6 +282,8 @@ _WHAT = (  # (pattern in the body's name or the while's op_name, what it is)
 
 def _what(body: str, line: str) -> str:
   op = _OP_NAME.search(line)
+  if op and _LAYER_OP.search(op.group(1)):
+    return LAYER_SCAN
   text = f"{body} {op.group(1) if op else ''}"
   return next((what for pattern, what in _WHAT if re.search(pattern, text)), "")
 
@@ -307,23 +332,32 @@ def report(compiled) -> tuple[Loop, ...]:
   return report_text(compiled.as_text())
 
 
+def _order(group: tuple) -> tuple:
+  """`format_loops`' order of a (key, count) group: dispatch block loops, then layer scans,
+  then the rest; the most repeated first, then by source."""
+  (grow, *_, source, _body, what), n = group
+  return (not grow, what != LAYER_SCAN, -n, source)
+
+
 def format_loops(loops: tuple[Loop, ...], indent: str = "  ") -> list[str]:
-  """Lines: the count, then the loops grouped by (grows, trips, source, body), largest first."""
+  """Lines: the count by kind, then the loops grouped by (grows, trips, source, body): the
+  dispatch block loops first, then the layer scans, each largest first."""
   if not loops:
     return [f"{indent}while loops: none in the compiled program"]
-  grows = [lp for lp in loops if lp.grows]
-  fixed = [lp for lp in loops if lp.trips is not None]
-  unannotated = len(loops) - len(grows) - len(fixed)
-  lines = [
-    f"{indent}while loops: {len(loops)}; {len(grows)} dispatch block loops (trips grow with "
-    + f"rows), {len(fixed)} fixed, {unannotated} unannotated"
-  ]
+  kinds = collections.Counter(lp.kind for lp in loops)
+  rest = (
+    f"{kinds['dispatch']} dispatch block loops (trips grow with rows), {kinds['fixed']} "
+    + f"fixed, {kinds['unannotated']} unannotated"
+  )
+  head = f"{indent}while loops: {len(loops)}; "
+  if kinds["layers"]:  # a line of their own: each stays within 100 columns
+    lines = [f"{head}{kinds['layers']} layer scans (model.scan_layers),", indent + rest]
+  else:
+    lines = [head + rest]
   groups = collections.Counter(
     (lp.grows, lp.trips, lp.trip is None, lp.depth, lp.source, lp.body, lp.what) for lp in loops
   )
-  for (grow, trips, from_cond, depth, source, body, what), n in sorted(
-    groups.items(), key=lambda kv: (not kv[0][0], -kv[1], kv[0][4])
-  ):
+  for (grow, trips, from_cond, depth, source, body, what), n in sorted(groups.items(), key=_order):
     count = "data" if grow else "?" if trips is None else f"{trips}{' (cond)' * from_cond}"
     nest = f", nested {depth}" if depth else ""
     lines.append(f"{indent}  {n:4d} x [trips: {count}{nest}] {source}")
