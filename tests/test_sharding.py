@@ -146,7 +146,7 @@ SCRIPT = textwrap.dedent(r'''
         "placed": all(x.sharding == y.sharding for x, y in
                       zip(jax.tree.leaves(state), jax.tree.leaves(b.state))),
         "fsdp_split_saved": any(x.addressable_shards[0].data.shape != x.shape
-                                for x in jax.tree.leaves(saved) if x.ndim == 2),
+                                for x in jax.tree.leaves(saved) if x.ndim >= 2),
         "expert_shard": [list(x.addressable_shards[0].data.shape)
                          for p, x in jax.tree_util.tree_leaves_with_path(state["params"])
                          if "experts" in jax.tree_util.keystr(p)][0],
