@@ -191,12 +191,15 @@ def test_the_matrix_covers_every_preset_kernel_and_mode():
       assert want <= gpu_have, (p, mode, want - gpu_have)
 
 
-def _compile(target: aot.Target, case) -> aot.Footprint:
-  """The case's train step compiled for `target`; it fails naming the case when the program
-  holds another platform's kernel (a TPU kernel in a GPU program, or the reverse)."""
+def _compile(target: aot.Target, case, n_layers: int = 0) -> aot.Footprint:
+  """The case's train step compiled for `target` (at `n_layers` when given); it fails naming
+  the case when the program holds another platform's kernel (a TPU kernel in a GPU program,
+  or the reverse)."""
   preset, mode, impl = case
+  c = tiny(preset, mode, impl)
+  c.model.n_layers = n_layers or c.model.n_layers
   try:
-    fp = aot.footprint(tiny(preset, mode, impl), target, preset)
+    fp = aot.footprint(c, target, preset)
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
     pytest.fail(f"{preset} {mode} impl={impl} on {target.name}: {e}")
   foreign = custom_calls.foreign(fp.kernels, target.platform)
@@ -267,10 +270,14 @@ def test_grid_forward_compiles_for_h100(gpu, preset):
 def test_gpu_preset_runs_mosaic_gpu_kernels_on_h100(gpu):
   """On sm90 the GPU preset's bf16 kernels (tokamax's grouped matmuls, forward, dx and dW,
   and its flash attention) are Mosaic GPU: the deprecated Pallas Triton backend is left
-  only where tokamax has no Mosaic kernel (f32 inputs, sm80, dW on sm100)."""
-  fp = _compile(gpu, ("configs/study_calibration.py:gpu", "dropless", "auto"))
+  only where tokamax has no Mosaic kernel (f32 inputs, sm80, dW on sm100). At 2 layers its
+  only while loops are the layer scans (`model.scan_layers`), forward and backward, 2 trips
+  each: no kernel loops over blocks."""
+  fp = _compile(gpu, ("configs/study_calibration.py:gpu", "dropless", "auto"), n_layers=2)
   kernels = dict(fp.kernels)
   assert kernels.get("mosaic_gpu", 0) >= 7 and "triton" not in kernels, kernels
+  scans = sorted((lp.kind, lp.trips, lp.depth, lp.source.split()[0]) for lp in fp.loops)
+  assert scans == [("layers", 2, 0, "bwd"), ("layers", 2, 0, "fwd")], fp.loops
 
 
 # The expansion check's program: one MoE layer of the study's CPU preset (E = 64, K = 8,
