@@ -142,8 +142,11 @@ def fit_search(c: ml_collections.ConfigDict, family: str, out=print) -> list:
     tried.append(row)
     out(aot.fit.format_row(row))
   out(aot.fit.format_summary(tried, family))
-  if tried and tried[-1].fits:
-    out(format_fit(tried[-1].footprint, tried[-1].config))
+  detail = aot.fit.shown(tried)
+  if detail is not None:
+    if not detail.fits:
+      out(f"the largest size compiled, {detail.name}:")
+    out(format_fit(detail.footprint, detail.config))
   return tried
 
 

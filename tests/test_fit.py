@@ -46,9 +46,7 @@ def test_a_batch_that_does_not_divide_is_a_reason_never_a_change():
   assert fit.batch_reason(c, (1, 8, 4)) == ""
   c.train.grad_accum = 2
   assert fit.batch_reason(c, (2, 2, 1)) == ""
-  assert fit.batch_reason(c, (1, 8, 1)) == (
-    "data.batch_size 8 does not divide by data×fsdp×grad_accum 1×8×2"
-  )
+  assert fit.batch_reason(c, (1, 8, 1)) == "batch 8 does not divide by 16"  # 1 x 8 x 2
 
 
 @pytest.mark.parametrize(
@@ -73,27 +71,26 @@ def _tried(name, n, mesh, skipped="", fp=None) -> fit.Tried:
 def test_the_table_rows_and_summary():
   skip = _tried("v5e:1x1", 1, (1, 1, 1), "state alone needs 77.33 GiB/device")
   assert fit.format_row(skip) == (
-    "  v5e:1x1          1  1×1×1                      -         -  "
-    "skipped: state alone needs 77.33 GiB/device"
+    "  v5e:1x1         1  1×1×1              -         -  skipped: state alone needs 77.33 GiB/device"
   )
   t = aot.Target("v5e:4x4", "tpu", (), 16, int(15.75 * 2**30), "")
   fp = aot.Footprint(
     t, "megablox", 0, 0, 0, 0, 5 * 2**30, 2**30, 2**30, int(0.95 * 2**30), 0, False
   )
   row = _tried("v5e:4x4", 16, (1, 16, 1), fp=fp)
-  assert fit.format_row(row) == (
-    "  v5e:4x4         16  1×16×1              5.95 GiB   212.3 s  fits"
-  )
+  assert fit.format_row(row) == "  v5e:4x4        16  1×16×1      5.95 GiB   212.3 s  fits"
   assert fit.format_summary([skip, row], "tpu-v5e") == (
     "smallest fit: v5e:4x4 (16 chips), 5.95 of 15.75 GiB per device"
   )
   big = row._replace(footprint=fp._replace(temporaries=20 * 2**30, refused=True))
-  assert fit.format_row(big).endswith("DOES NOT FIT (the TPU compiler's RESOURCE_EXHAUSTED)")
+  assert fit.format_row(big).endswith("  DOES NOT FIT (RESOURCE_EXHAUSTED)")
   assert fit.format_summary([skip, big], "tpu-v5e") == (
     "no slice up to v5e:16x16 fits (1 compiled, 1 skipped)"
   )
+  assert fit.shown([skip, row]) is row and fit.shown([skip, big]) is big and not fit.shown([skip])
   lines = fit.format_intro(small(), "h100").splitlines()
-  assert lines[0].endswith("(h100:1 to h100:64x8);") and all(len(x) <= 100 for x in lines)
+  assert lines[0].endswith(", h100:1 up to h100:64x8;") and all(len(x) <= 100 for x in lines)
+  assert "FSDP fills each slice (the config's: -1×1×1)" in lines[1]
 
 
 def test_fit_is_refused_before_anything_compiles(monkeypatch):

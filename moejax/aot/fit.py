@@ -123,10 +123,7 @@ def batch_reason(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -> st
   shards = mesh[0] * mesh[1] * c.train.grad_accum
   if c.data.batch_size % shards == 0:
     return ""
-  return (
-    f"data.batch_size {c.data.batch_size} does not divide by data×fsdp×grad_accum "
-    f"{mesh[0]}×{mesh[1]}×{c.train.grad_accum}"
-  )
+  return f"batch {c.data.batch_size} does not divide by {shards}"
 
 
 def state_bytes(c: ml_collections.ConfigDict, t: targets.Target) -> int:
@@ -166,7 +163,7 @@ def search(c: ml_collections.ConfigDict, name: str) -> Iterator[Tried]:
 
 # ---------------------------------------------------------------------------------- text
 
-_COLUMNS = ("slice", "devices", "data×fsdp×expert", "per device", "compile", "verdict")
+_COLUMNS = ("slice", "devices", "mesh", "per device", "compile", "verdict")
 
 
 def _devices(n: int, platform: str) -> str:
@@ -179,17 +176,16 @@ def format_intro(c: ml_collections.ConfigDict, name: str) -> str:
   """The lines above the table: the family, the mesh rule in effect and the columns."""
   fam = family(name)
   m = c.mesh
+  given = f"{m.data}×{m.fsdp}×{m.expert}"
+  rule = f"FSDP fills each slice (the config's: {given})"
+  if m.data != -1:
+    rule = f"the config's {given} on {m.data * m.fsdp * m.expert} devices, else FSDP fills it"
+  sizes = f"{fam.sizes[0]} up to {fam.sizes[-1]}"
   return "\n".join(
     [
-      (
-        f"fit search: the smallest {name} slice the train step fits ({fam.sizes[0]} to "
-        f"{fam.sizes[-1]});"
-      ),
-      (
-        f"  mesh: the config's (data {m.data}, fsdp {m.fsdp}, expert {m.expert}) where "
-        "explicit and the slice's size,"
-      ),
-      "  else FSDP fills the slice (moejax.aot.fit)",
+      f"fit search: the smallest {name} slice the train step fits, {sizes};",
+      f"  mesh data×fsdp×expert: {rule};",
+      "  the batch must divide by data×fsdp×grad_accum (moejax.aot.fit)",
       _line(*_COLUMNS),
     ]
   )
@@ -204,7 +200,7 @@ def format_row(t: Tried) -> str:
     total, secs = f"{fp.total / 2**30:.2f} GiB", f"{t.seconds:.1f} s"
     verdict = "fits" if fp.fits else "DOES NOT FIT"
     if fp.refused:
-      verdict += " (the TPU compiler's RESOURCE_EXHAUSTED)"
+      verdict += " (RESOURCE_EXHAUSTED)"
   else:
     verdict = f"skipped: {t.skipped}"
   return _line(t.name, t.n_devices, mesh, total, secs, verdict)
@@ -212,7 +208,7 @@ def format_row(t: Tried) -> str:
 
 def _line(*cols) -> str:
   name, devices, mesh, total, secs, verdict = cols
-  return f"  {name:<11}{devices:>7}  {mesh:<17}{total:>11}  {secs:>8}  {verdict}"
+  return f"  {name:<10}{devices:>7}  {mesh:<9}{total:>11}  {secs:>8}  {verdict}"
 
 
 def format_summary(tried: list[Tried], name: str) -> str:
@@ -229,3 +225,10 @@ def format_summary(tried: list[Tried], name: str) -> str:
     f"smallest fit: {last.name} ({_devices(last.n_devices, fam.platform)}), {total:.2f} of "
     f"{last.hbm_bytes / 2**30:.2f} GiB per device"
   )
+
+
+def shown(tried: list[Tried]) -> Tried | None:
+  """The size whose fit table follows the summary: the one that fits, else the largest
+  compiled (what did not fit, and by how much), else None."""
+  compiled = [t for t in tried if t.footprint is not None]
+  return compiled[-1] if compiled else None
