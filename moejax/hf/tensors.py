@@ -109,13 +109,17 @@ def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset
   if not mc.scan_layers:
     return out
   segs = layer_segments(mc)
-  return [_scanned(s, segs) for s in out]
+  heads = {i: stack.scanned_path(("layers", i), segs) for i in range(mc.n_layers)}
+  return [_scanned(s, heads) for s in out]
 
 
-def _scanned(spec: Spec, segs: tuple[stack.Segment, ...]) -> Spec:
-  """`spec` of the unrolled layout as its stacked array and layer row."""
-  path, row = stack.scanned_path(spec.path, segs)
-  return spec._replace(path=path, layer_row=row)
+def _scanned(spec: Spec, heads: dict[int, tuple[Path, int]]) -> Spec:
+  """`spec` of the unrolled layout as its stacked array and layer row; `heads[i]`: layer i's
+  (`("stacks", s, "blocks", j)`, row), `stack.scanned_path` of its prefix."""
+  if spec.path[0] != "layers":
+    return spec
+  head, row = heads[spec.path[1]]
+  return spec._replace(path=(*head, *spec.path[2:]), layer_row=row)
 
 
 def fused_layers(names: set[str], fam: Family, n_layers: int) -> frozenset[int]:
