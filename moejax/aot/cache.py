@@ -33,7 +33,7 @@ import jax
 from moejax.aot import targets
 from moejax.aot.loops import Body, Loop
 
-FORMAT = 1  # bump when the stored fields change
+FORMAT = 2  # bump when the stored fields change (2: loops tagged as layer scans)
 ENV = "MOEJAX_AOT_CACHE"
 FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 COMPILERS = (

@@ -246,7 +246,7 @@ class Transformer(nnx.Module):
 
   def _scanned(self, x_BxLxD, positions_BxL, train, rng, ov):
     """Each segment as one scan over its periods (`stack.run_segment`)."""
-    call = remat.block_call(self.cfg.remat, train=train)
+    call = remat.block_call(self.cfg.remat, train=train, scanned=True)
     moe_index, routers = moe_indices(self.cfg), {}
     for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
       x_BxLxD, outs = run_segment(
