@@ -13,11 +13,11 @@ import os
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-import jax  # noqa: E402
+import jax
 
-from moejax import config as config_lib  # noqa: E402
-from moejax import sharding  # noqa: E402
-from moejax.training import trainer  # noqa: E402
+from moejax import config as config_lib
+from moejax import sharding
+from moejax.training import trainer
 
 
 def temporaries_mib(scan: bool, remat: str) -> float:
@@ -30,7 +30,9 @@ def temporaries_mib(scan: bool, remat: str) -> float:
   c.wandb.mode = "disabled"
   run = trainer.build(c, None)
   train_step, _ = trainer.compile_steps(run)
-  tokens = jax.ShapeDtypeStruct((32, 129), jax.numpy.int32, sharding=sharding.batch_sharding(run.mesh))
+  tokens = jax.ShapeDtypeStruct(
+    (32, 129), jax.numpy.int32, sharding=sharding.batch_sharding(run.mesh)
+  )
   compiled = train_step.lower(run.state, tokens, jax.random.key(0)).compile()
   return compiled.memory_analysis().temp_size_in_bytes / 2**20
 

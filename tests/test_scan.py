@@ -115,7 +115,9 @@ def test_scanned_train_forward_and_gradients_equal_unrolled_bitwise(shape, case)
   tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 40)
   got = {}
   for scan in (False, True):
-    cfg = config(shape, scan, **{k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()})
+    cfg = config(
+      shape, scan, **{k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()}
+    )
     got[scan] = forward_and_grads(cfg, tokens, True, Overrides())
   (p0, l0, r0, g0), (p1, l1, r1, g1) = got[False], got[True]
   assert_same(by_layer(p0, shape), by_layer(p1, shape), "init")
@@ -220,5 +222,7 @@ def test_resume_in_the_other_layout_is_refused_naming_the_key(tmp_path):
 
 def test_both_layouts_count_the_same_parameters():
   for shape in LAYOUTS:
-    counts = [build.count_params(build.abstract_params(config(shape, s)), None) for s in (False, True)]
+    counts = [
+      build.count_params(build.abstract_params(config(shape, s)), None) for s in (False, True)
+    ]
     assert counts[0] == counts[1], shape

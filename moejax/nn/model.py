@@ -249,9 +249,7 @@ class Transformer(nnx.Module):
     call = remat.block_call(self.cfg.remat, train=train, scanned=True)
     moe_index, routers = moe_indices(self.cfg), {}
     for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
-      x_BxLxD, outs = run_segment(
-        seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index
-      )
+      x_BxLxD, outs = run_segment(seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index)
       routers.update(outs)
     return x_BxLxD, dict(sorted(routers.items()))
 

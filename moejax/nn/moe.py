@@ -200,7 +200,9 @@ class MoEBlock(nnx.Module):
     logits_TxE, ro = self._route(x_TxD, k, train, rng_jitter, ov.k2)
     el = self._elastic(ov.train_k, lead) if train else None
     if el is not None:
-      ro = ro._replace(weights_TxK=routing.elastic_weights(ro, cfg.merge_rule, el.k_T, cfg.train_k2))
+      ro = ro._replace(
+        weights_TxK=routing.elastic_weights(ro, cfg.merge_rule, el.k_T, cfg.train_k2)
+      )
     keep_TxK = None
     if self._random_second(train) and rng_second is not None and k >= 2:
       keep_TxK = plans.random_second_expert(ro.weights_TxK, rng_second)
@@ -209,13 +211,19 @@ class MoEBlock(nnx.Module):
     if ov.routed_scale is not None:
       routed_TxD = routed_TxD * jnp.asarray(ov.routed_scale, routed_TxD.dtype)
     y_TxD, coef_T = self._shared(x_TxD, x_c, routed_TxD)
-    experts_TxK = ro.experts_TxK if el is None else jnp.where(el.used_TxK, ro.experts_TxK, cfg.n_experts)
+    experts_TxK = (
+      ro.experts_TxK if el is None else jnp.where(el.used_TxK, ro.experts_TxK, cfg.n_experts)
+    )
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
     diag = diagnostics(probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T, el)
     rms = jnp.sqrt(jnp.mean(y_TxD.astype(jnp.float32) ** 2)) if ov.grid_stats else None
     E = cfg.n_experts
     out = RouterOut(
-      logits_TxE.reshape(*lead, E), probs_TxE.reshape(*lead, E), experts_TxK.reshape(*lead, k), diag, rms
+      logits_TxE.reshape(*lead, E),
+      probs_TxE.reshape(*lead, E),
+      experts_TxK.reshape(*lead, k),
+      diag,
+      rms,
     )
     return y_TxD.reshape(*lead, D).astype(x.dtype), out
 
@@ -228,7 +236,9 @@ class MoEBlock(nnx.Module):
     logits_TxE = xr_TxD @ self.router.kernel[...]
     k2 = native_k2(cfg, k2, train)
     bias_E = self.router.bias[...]
-    return logits_TxE, routing.route(logits_TxE, cfg.merge_rule, k, k2=k2, bias_E=bias_E, train_k=cfg.top_k)
+    return logits_TxE, routing.route(
+      logits_TxE, cfg.merge_rule, k, k2=k2, bias_E=bias_E, train_k=cfg.top_k
+    )
 
   def _elastic(self, train_k, lead) -> Elastic | None:
     """Elastic-k's ranks in use, from the per-token k of this training forward."""
