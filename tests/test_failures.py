@@ -182,15 +182,16 @@ def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(reference, tmp_p
 
 
 def poison_router(layer: int):
-  """A checkpoint.restore that returns NaN router weights in `layer`."""
+  """A checkpoint.restore that returns NaN router weights in `layer`: row `layer` of the
+  scanned stack (CONFIG's 2 MoE layers are one stack of one block, rows = layers)."""
   real = checkpoint.restore
 
   def restore(*args, **kwargs):
     step, state, data = real(*args, **kwargs)
-    target = f"['layers'][{layer}]['mlp']['router']['kernel']"
+    target = "['stacks'][0]['blocks'][0]['mlp']['router']['kernel']"
 
     def poison(path, x):
-      return x * jnp.nan if target in jax.tree_util.keystr(path) else x
+      return x.at[layer].multiply(jnp.nan) if target in jax.tree_util.keystr(path) else x
 
     params = jax.tree_util.tree_map_with_path(poison, state["params"])
     return step, {**state, "params": params}, data

@@ -81,6 +81,27 @@ def test_cross_entropy_matches_numpy():
   assert per16.dtype == jnp.float32 and m16.dtype == jnp.float32
 
 
+def test_cross_entropy_gradient_matches_numpy():
+  """d mean CE / d logits = mask · (softmax − onehot) / Σ mask, written out in NumPy (the
+  loss has its own VJP, `losses.token_nll`); bf16 logits get the same gradient in bf16."""
+  rng = np.random.default_rng(2)
+  logits = rng.normal(size=(2, 5, 7)).astype(np.float32) * 3
+  targets = rng.integers(0, 7, size=(2, 5))
+  mask = (rng.random((2, 5)) > 0.3).astype(np.float32)
+  grad = jax.grad(lambda z: _ce(z, jnp.asarray(targets), jnp.asarray(mask))[0])(
+    jnp.asarray(logits)
+  )
+  e = np.exp(logits - logits.max(-1, keepdims=True))
+  ref = (e / e.sum(-1, keepdims=True) - np.eye(7)[targets]) * mask[..., None] / mask.sum()
+  np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-7)
+  g16 = jax.grad(lambda z: losses.cross_entropy(z, jnp.asarray(targets))[0])(
+    jnp.asarray(logits, jnp.bfloat16)
+  )
+  assert g16.dtype == jnp.bfloat16
+  ref_all = (e / e.sum(-1, keepdims=True) - np.eye(7)[targets]) / targets.size
+  np.testing.assert_allclose(np.asarray(g16, np.float32), ref_all, rtol=2e-2, atol=1e-3)
+
+
 def test_accuracy():
   logits = np.array([[[0.1, 2.0, 0.0], [3.0, 0.0, 1.0]], [[0.0, 0.0, 5.0], [1.0, 2.0, 0.5]]])
   targets = np.array([[1, 2], [2, 0]])

@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from moejax.kernels import residuals
 from moejax.kernels.grouped import _backward, _forward
 from moejax.kernels.permute import float0_like, gather_sum, take_rows
 
@@ -43,7 +44,7 @@ def gather_swiglu_combine(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, bloc
 
 def _fwd(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
   y_TxD, (gu_Rx2F, w_gu) = _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes)
-  return y_TxD, (x_TxD, w_R, tok_R, row_TxK, gu_Rx2F, w_gu, w_down, blocks)
+  return y_TxD, residuals.named((x_TxD, w_R, tok_R, row_TxK, gu_Rx2F, w_gu, w_down, blocks))
 
 
 def _bwd(sizes, res, dy_TxD):

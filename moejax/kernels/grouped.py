@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from moejax.kernels import residuals
 from moejax.kernels.permute import float0_like, take_or_zero
 
 
@@ -84,7 +85,7 @@ def grouped_swiglu(x_RxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, blocks, sizes)
 def _fwd(x_RxD, w_gate, w_up, w_down, blocks, sizes):
   w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
   y_RxD, gu_Rx2F = _forward(x_RxD, w_gu, w_down, blocks, sizes)
-  return y_RxD, (x_RxD, gu_Rx2F, w_gu, w_down, blocks)
+  return y_RxD, residuals.named((x_RxD, gu_Rx2F, w_gu, w_down, blocks))
 
 
 def _t(a_MxN):

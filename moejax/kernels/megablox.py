@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.kernels import plans
+from moejax.kernels import plans, residuals
 
 # the kernel module (the package's `gmm` attribute is its custom-VJP function, not the module)
 backend = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
@@ -85,7 +85,8 @@ def gmm(lhs_MxK, rhs_ExKxN, counts_E, tm: int, interpret: bool):
 
 
 def _gmm_fwd(lhs_MxK, rhs_ExKxN, counts_E, tm, interpret):
-  return gmm(lhs_MxK, rhs_ExKxN, counts_E, tm, interpret), (lhs_MxK, rhs_ExKxN, counts_E)
+  res = residuals.named((lhs_MxK, rhs_ExKxN, counts_E))
+  return gmm(lhs_MxK, rhs_ExKxN, counts_E, tm, interpret), res
 
 
 def _gmm_bwd(tm, interpret, res, g_MxN):

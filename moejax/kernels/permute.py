@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.kernels import residuals
+
 
 def take_or_zero(x_NxD: jax.Array, idx: jax.Array) -> jax.Array:
   """x[idx] where idx == N selects a zero row (the sentinel for padding and drops)."""
@@ -43,7 +45,7 @@ def take_rows(x_NxD: jax.Array, src_M: jax.Array, dst_NxJ: jax.Array) -> jax.Arr
 
 
 def _take_rows_fwd(x_NxD, src_M, dst_NxJ):
-  return take_or_zero(x_NxD, src_M), (src_M, dst_NxJ)
+  return take_or_zero(x_NxD, src_M), residuals.named((src_M, dst_NxJ))
 
 
 def _take_rows_bwd(res, g_MxD):
@@ -64,7 +66,7 @@ def sum_rows(x_NxD: jax.Array, idx_MxJ: jax.Array, src_N: jax.Array) -> jax.Arra
 
 
 def _sum_rows_fwd(x_NxD, idx_MxJ, src_N):
-  return gather_sum(x_NxD, idx_MxJ), (idx_MxJ, src_N)
+  return gather_sum(x_NxD, idx_MxJ), residuals.named((idx_MxJ, src_N))
 
 
 def _sum_rows_bwd(res, g_MxD):

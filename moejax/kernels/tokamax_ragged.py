@@ -49,7 +49,7 @@ import numpy as np
 import tokamax
 from absl import flags
 
-from moejax.kernels import plans
+from moejax.kernels import plans, residuals
 
 # (lhs, rhs) dimension numbers of the three products, as `tokamax.ragged_dot_general` takes them
 FORWARD = jax.lax.RaggedDotDimensionNumbers(((([1], [1]), ([], []))), [0], [0])  # mk,ekn->mn
@@ -133,7 +133,7 @@ def gmm(lhs_MxK, rhs_ExKxN, counts_E, impls: tuple[str, ...]) -> jax.Array:
 
 
 def _gmm_fwd(lhs_MxK, rhs_ExKxN, counts_E, impls):
-  return gmm(lhs_MxK, rhs_ExKxN, counts_E, impls), (lhs_MxK, rhs_ExKxN, counts_E)
+  return gmm(lhs_MxK, rhs_ExKxN, counts_E, impls), residuals.named((lhs_MxK, rhs_ExKxN, counts_E))
 
 
 def _gmm_bwd(impls, res, g_MxN):

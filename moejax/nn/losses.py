@@ -57,6 +57,34 @@ class LossConfig:
     )
 
 
+@jax.custom_vjp
+def token_nll(logits_NxV: jax.Array, targets_N: jax.Array) -> jax.Array:
+  """−log softmax(logits)[target] per row of float32 logits, with its gradient (softmax − onehot)
+  computed in the same pass as the loss (`_token_nll_fwd`)."""
+  return _token_nll_fwd(logits_NxV, targets_N)[0]
+
+
+def _token_nll_fwd(logits_NxV, targets_N):
+  """The loss and its logits gradient, tied by an optimization barrier: the backward needs
+  the gradient first, so the loss cannot be scheduled after the backward layer loop, which
+  would keep the [tokens, vocab] logits alive through it (XLA:TPU did so with scanned
+  layers: 1.07 GiB more per v5e chip for the TPU preset, docs/design.md §5)."""
+  x_NxV = logits_NxV
+  lse_N = jax.nn.logsumexp(x_NxV, axis=-1)
+  nll_N = lse_N - jnp.take_along_axis(x_NxV, targets_N[:, None], axis=-1)[:, 0]
+  onehot_NxV = jax.nn.one_hot(targets_N, x_NxV.shape[-1], dtype=jnp.float32)
+  dnll_NxV = jnp.exp(x_NxV - lse_N[:, None]) - onehot_NxV
+  nll_N, dnll_NxV = jax.lax.optimization_barrier((nll_N, dnll_NxV))
+  return nll_N, dnll_NxV
+
+
+def _token_nll_bwd(dnll_NxV, g_N):
+  return (dnll_NxV * g_N[:, None], None)
+
+
+token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
+
+
 def cross_entropy(
   logits_BxLxV: jax.Array, targets_BxL: jax.Array, mask_BxL: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -69,9 +97,10 @@ def cross_entropy(
       f"targets_BxL: shape {targets_BxL.shape} must equal logits_BxLxV.shape[:-1] "
       f"{logits_BxLxV.shape[:-1]}"
     )
-  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
-  tgt_BxLx1 = targets_BxL[..., None].astype(jnp.int32)
-  loss_BxL = -jnp.take_along_axis(logp_BxLxV, tgt_BxLx1, axis=-1)[..., 0]
+  V = logits_BxLxV.shape[-1]
+  tgt_N = targets_BxL.reshape(-1).astype(jnp.int32)
+  logits_NxV = logits_BxLxV.reshape(-1, V).astype(jnp.float32)  # its cotangent: the input's dtype
+  loss_BxL = token_nll(logits_NxV, tgt_N).reshape(targets_BxL.shape)
   if mask_BxL is None:
     return loss_BxL.mean(), loss_BxL
   if mask_BxL.shape != targets_BxL.shape:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 import jax
 from flax import nnx
 
+from moejax.kernels import residuals
+
 # name -> jax.checkpoint policy; `none` is the only name that is not wrapped at all.
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
   "none": None,
@@ -28,30 +30,40 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 }
 
 
-# Ops that only move or cast data. A scanned block with `remat="none"` recomputes them in the
-# backward instead of saving their outputs: a scan saves each residual as a stacked array,
-# so the bf16 casts, reshapes and gate/up concatenations of every layer's weights would
-# stay alive for the whole step (unrolled, XLA recomputes or frees them itself).
-# `python benchmarks/scan_memory.py` (8 CPU devices, FSDP 8, bf16): 72.2 MiB of temporaries
-# unrolled, 105.6 scanned saving everything, 73.6 scanned with this policy.
-MOVES = frozenset(
+# What a scanned block with `remat="none"` saves for the backward: the outputs of matmuls,
+# kernels (custom VJPs, Pallas and FFI calls), reductions, gathers, scatters and sorts. The
+# rest (elementwise ops, casts, layout) is recomputed inside the backward's fusions. A scan
+# saves every residual of its body as a stacked array that lives for the whole step, where
+# the unrolled program lets XLA fuse cheap producers into the backward instead of keeping
+# them: saving everything, the GPU preset on 8 x H100 needed 30.86 GiB of temporaries
+# scanned against 20.38 unrolled; with this policy 18.98 (benchmarks/aot_compile_time.py
+# --config configs/study_calibration.py:gpu --gpu h100:8 --layouts scanned,unrolled).
+SAVED = frozenset(
   {
-    "convert_element_type",
-    "concatenate",
-    "transpose",
-    "reshape",
-    "broadcast_in_dim",
-    "squeeze",
-    "expand_dims",
-    "copy",
-    "copy_p",
+    "dot_general",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "pallas_call",
+    "ffi_call",
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "argmax",
+    "argmin",
+    "cumsum",
+    "sort",
+    "top_k",
+    "gather",
+    "scatter",
+    "scatter-add",
   }
 )
 
 
-def save_all_but_moves(prim, *_, **__) -> bool:
-  """A `jax.checkpoint` policy: save every output but those of `MOVES`."""
-  return prim.name not in MOVES
+def save_expensive(prim, *_, **params) -> bool:
+  """A `jax.checkpoint` policy: save the outputs of `SAVED` primitives and the kernels'
+  named residuals (`kernels.residuals`: else JAX reruns a kernel's forward in the backward)."""
+  return prim.name in SAVED or (prim.name == "name" and params.get("name") == residuals.NAME)
 
 
 def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
@@ -59,7 +71,7 @@ def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
   and this layer's rows of its per-layer fields (`Overrides.rows`), rematerialized by
   policy `name`.
 
-  `scanned`: inside a layer scan, where `none` is `save_all_but_moves` (see `MOVES`). There
+  `scanned`: inside a layer scan, where `none` is `save_expensive` (see `SAVED`). There
   `jax.checkpoint` keeps `prevent_cse=True` too (MaxText passes False when scanning): with
   False, XLA:CPU fuses the recomputation differently and a scanned gradient differs from
   the unrolled one in the last bits; with True, a remat policy gives bitwise-equal
@@ -74,7 +86,7 @@ def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
 
   if name == "none" and not scanned:
     return call
-  policy = REMAT_POLICIES[name] if name != "none" else save_all_but_moves
+  policy = REMAT_POLICIES[name] if name != "none" else save_expensive
 
   def remat_call(block, x_BxLxD, positions_BxL, rng, ov, per_layer):
     graphdef, state = nnx.split(block)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import UserError
+from moejax.kernels import residuals
 
 DTYPES = (jnp.float32, jnp.bfloat16)
 
@@ -75,7 +76,7 @@ def swiglu_combine(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExF
 
 def _fwd(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
   y_TxD, gu_Rx2F = _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
-  return y_TxD, (x_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
+  return y_TxD, residuals.named((x_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down))
 
 
 def _float0(a):
