@@ -12,7 +12,7 @@ import sys
 import pytest
 from test_describe_fit import ENV, ROOT, abstract_gpus, small
 
-from moejax import aot, describe
+from moejax import aot, cli, describe
 from moejax.aot import fit
 from moejax.errors import UserError
 
@@ -150,3 +150,46 @@ def test_tpu_search_skips_sizes_the_state_cannot_fit_then_compiles(libtpu):
   assert one.skipped.startswith("state alone needs 24.0") and one.footprint is None
   assert four.name == "v5e:2x2" and four.mesh == (1, 4, 1) and four.fits, fit.format_row(four)
   assert four.footprint.params >= (1 << 21) * 1024 * 4 // 4
+
+
+# --- The full-size twins compile as training runs, scanned, for targets that fit them:
+# configs/full/olmoe.py (16 layers, 64 experts of 1,024, d_model 2,048) on a TPU v5e:4x4
+# (remat full) and on 8 x H100, the smallest slices `--fit` found (README "Describe a
+# config"). Each compile runs XLA:TPU or XLA:GPU's whole pipeline here (a minute or two of
+# one core), so they are in the full tier; they skip without the compiler unless
+# MOEJAX_REQUIRE_TPU / MOEJAX_REQUIRE_GPU is set (CI sets both).
+OLMOE = str(ROOT / "configs" / "full" / "olmoe.py")
+
+
+def olmoe(**model):
+  c = cli.load_file(OLMOE)
+  c.model.update(**model)
+  return c
+
+
+def _require(available: bool, variable: str, extra: str) -> None:
+  if not available and not os.environ.get(variable):
+    pytest.skip(f'no compiler (pip install -e ".[{extra}]"); CI sets {variable}')
+
+
+def assert_scanned_fit(fp, n_layers: int) -> None:
+  assert fp.fits, (fp.total / 2**30, fp.target.hbm_bytes / 2**30)
+  layers = [lp for lp in fp.loops if lp.kind == "layers"]
+  assert layers and all(lp.trips == n_layers for lp in layers), fp.loops
+  assert not any(lp.grows for lp in fp.loops)
+
+
+@pytest.mark.full
+def test_olmoe_twin_compiles_scanned_for_a_v5e_4x4_with_remat():
+  _require(aot.libtpu_available(), "MOEJAX_REQUIRE_TPU", "tpu")
+  c = olmoe(remat="full")
+  c.mesh.update(data=1, fsdp=16, expert=1)
+  assert_scanned_fit(aot.footprint(c, aot.tpu_target("v5e:4x4"), "olmoe"), 16)
+
+
+@pytest.mark.full
+def test_olmoe_twin_compiles_scanned_for_8_h100():
+  _require(aot.cuda_available(), "MOEJAX_REQUIRE_GPU", "cuda")
+  c = olmoe()
+  c.mesh.update(data=1, fsdp=8, expert=1)
+  assert_scanned_fit(aot.footprint(c, aot.gpu_target("h100:8"), "olmoe"), 16)
