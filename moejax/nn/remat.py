@@ -36,8 +36,9 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 # saves every residual of its body as a stacked array that lives for the whole step, where
 # the unrolled program lets XLA fuse cheap producers into the backward instead of keeping
 # them: saving everything, the GPU preset on 8 x H100 needed 30.86 GiB of temporaries
-# scanned against 20.38 unrolled; with this policy 18.98 (benchmarks/aot_compile_time.py
-# --config configs/study_calibration.py:gpu --gpu h100:8 --layouts scanned,unrolled).
+# scanned against 20.38 unrolled; with this policy 20.61 (benchmarks/aot_compile_time.py
+# --config configs/study_calibration.py:gpu --gpu h100:8 --layouts scanned,unrolled; the
+# Triton trace). On CPU it keeps the scanned MoE step as fast as saving everything.
 SAVED = frozenset(
   {
     "dot_general",
