@@ -126,7 +126,7 @@ def test_scanned_train_forward_and_gradients_equal_unrolled_bitwise(shape, case)
   for i in r0:
     assert_same(r0[i]._asdict(), r1[i]._asdict(), f"router out of layer {i}")
   # float32 rounding where the layouts' backward programs differ (remat "none": the scanned
-  # body recomputes casts and reshapes, `remat.save_all_but_moves`); bitwise with remat
+  # body recomputes elementwise ops, casts and layout, `remat.save_expensive`); bitwise with remat
   bad = assert_same(by_layer(g0, shape), by_layer(g1, shape), "grads", rtol=1e-5)
   print(case, shape, "bitwise" if not bad else max(bad.values()))
   if case in BITWISE_GRADS:

@@ -92,13 +92,3 @@ def unstack(flat: dict[tuple, object], segs: tuple[Segment, ...]) -> dict[tuple,
     for r in range(seg.repeats):
       out[("layers", key(seg.layer(r, j)), *path[4:])] = a[r]
   return out
-
-
-def stack_rows(flat: dict[tuple, object], segs: tuple[Segment, ...], stack_fn) -> dict:
-  """A flat {path: array} of the unrolled layout in the scanned one; `stack_fn` stacks a
-  list of rows (np.stack or jnp.stack)."""
-  rows: dict[tuple, dict[int, object]] = {}
-  for path, a in flat.items():
-    new, r = scanned_path(path, segs)
-    rows.setdefault(new, {})[r] = a
-  return {p: v[None] if None in v else stack_fn([v[r] for r in sorted(v)]) for p, v in rows.items()}

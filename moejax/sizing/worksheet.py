@@ -15,7 +15,7 @@ import ml_collections
 from moejax import build, sharding
 from moejax.kernels import dispatch, plans
 from moejax.nn import routing
-from moejax.nn.model import ModelConfig, is_moe_layer
+from moejax.nn.model import ModelConfig, moe_layers
 
 ARCHITECTURE = "decoder-only Transformer: pre-norm RMSNorm, RoPE, SwiGLU, no biases"
 
@@ -165,7 +165,7 @@ def describe_attention(mc: ModelConfig) -> str:
 
 
 def describe_placement(mc: ModelConfig) -> tuple[tuple[int, ...], str]:
-  moe = [i for i in range(mc.n_layers) if is_moe_layer(mc, i)]
+  moe = moe_layers(mc)
   dense = [i for i in range(mc.n_layers) if i not in moe]
   text = (
     f"{len(moe)} of {mc.n_layers} layers MoE: {_ranges(moe)} (first_dense {mc.first_dense}, "

@@ -17,7 +17,7 @@ from moejax import config as config_lib
 from moejax import distributed, sharding
 from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
-from moejax.nn.model import is_moe_layer
+from moejax.nn import model as model_lib
 from moejax.sizing import flops, worksheet
 from moejax.training import checkpoint, loop, nonfinite, optim, stopping, tracking
 from moejax.training import step as step_lib
@@ -99,7 +99,7 @@ def resolved_config(run: Run) -> dict:
 def moe_layers(run: Run) -> list[int]:
   """Indices of the MoE layers (their router logits are checked every step)."""
   mc = build_lib.model_config(run.config, run.data.tokenizer.vocab_size)
-  return [i for i in range(mc.n_layers) if is_moe_layer(mc, i)]
+  return model_lib.moe_layers(mc)
 
 
 def compile_steps(run: Run, layers: list[int] | None = None):
