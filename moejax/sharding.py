@@ -73,12 +73,26 @@ def _expert_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
   return P(*spec)
 
 
+def _names(path) -> list[str]:
+  return [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+
+
+def is_stacked(path, leaf) -> bool:
+  """Whether a leaf is a scanned stack's (`.../stacks/...`, `moejax.nn.stack`): its first
+  axis is the layer axis."""
+  return "stacks" in _names(path) and bool(getattr(leaf, "shape", ()))
+
+
+def layer_ndim(path, leaf) -> int:
+  """The rank of one layer's slice of a leaf (the leaf's own rank when it is not stacked)."""
+  return len(getattr(leaf, "shape", ())) - is_stacked(path, leaf)
+
+
 def _spec(path, leaf, mesh: Mesh) -> P:
-  """A leaf's spec; a scanned stack's leaves (`.../stacks/...`, `moejax.nn.stack`) lead with
-  their layer axis, unsharded, and follow the rule for one layer's shape behind it."""
-  shape = tuple(getattr(leaf, "shape", ()))
-  names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-  if "stacks" in names and shape:
+  """A leaf's spec; a scanned stack's leaves lead with their layer axis, unsharded, and
+  follow the rule for one layer's shape behind it."""
+  shape, names = tuple(getattr(leaf, "shape", ())), _names(path)
+  if is_stacked(path, leaf):
     return P(None, *_layer_spec(names, shape[1:], mesh))
   return _layer_spec(names, shape, mesh)
 

@@ -21,7 +21,7 @@ from moejax.nn.model import ModelConfig, Transformer, moe_biases
 from moejax.nn.moe import MoEConfig
 from moejax.nn.overrides import Overrides
 from moejax.training import step as step_lib
-from moejax.training import trainer
+from moejax.training import optim, trainer
 from moejax.training import workdir as workdir_lib
 
 # (n_layers, first_dense, moe_every) -> layer i at (segment, row, position), by hand.
@@ -228,3 +228,23 @@ def test_both_layouts_count_the_same_parameters():
       build.count_params(build.abstract_params(config(shape, s)), None) for s in (False, True)
     ]
     assert counts[0] == counts[1], shape
+
+
+def test_weight_decay_masks_the_same_parameters_in_both_layouts():
+  """AdamW decays matrices only: a scanned [L, D] norm scale is a vector per layer, as unrolled
+  (the reference: each unrolled leaf's own rank, one layer's parameters)."""
+  shape = (6, 1, 2)
+  masks = {}
+  for scan in (False, True):
+    model = Transformer(config(shape, scan, qk_norm=True, qkv_bias=True), rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    mask = optim.decay_mask(params)
+    masks[scan] = by_layer(jax.tree.map(lambda p, m: np.full(p.shape, m), params, mask), shape)
+  unrolled = by_layer(nnx.state(Transformer(config(shape, False, qk_norm=True, qkv_bias=True),
+                                            rngs=nnx.Rngs(0)), nnx.Param), shape)
+  want = {name: np.full(a.shape, a.ndim >= 2) for name, a in unrolled.items()}
+  assert any(not m.any() for m in want.values()) and any(m.all() for m in want.values())
+  for scan in (False, True):
+    assert masks[scan].keys() == want.keys()
+    for name in want:
+      np.testing.assert_array_equal(masks[scan][name], want[name], err_msg=f"{scan} {name}")

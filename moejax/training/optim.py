@@ -6,6 +6,8 @@ import jax
 import ml_collections
 import optax
 
+from moejax import sharding
+
 
 def schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup to `optim.lr`, cosine decay to `lr · min_lr_ratio` at `train.steps`."""
@@ -20,9 +22,10 @@ def schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
   )
 
 
-def _decay_mask(params):
-  """Weight decay on matrices only; norms' scales and other vectors are not decayed."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+def decay_mask(params):
+  """Weight decay on matrices only; norms' scales and other vectors are not decayed. A
+  scanned stack's leaf is judged by one layer's slice (its [L, D] norm scales are vectors)."""
+  return jax.tree_util.tree_map_with_path(lambda path, p: sharding.layer_ndim(path, p) >= 2, params)
 
 
 def optimizer(c: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -31,6 +34,6 @@ def optimizer(c: ml_collections.ConfigDict) -> tuple[optax.GradientTransformatio
   lr = schedule(c)
   tx = optax.chain(
     optax.clip_by_global_norm(o.clip_norm) if o.clip_norm > 0 else optax.identity(),
-    optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=_decay_mask),
+    optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask),
   )
   return tx, lr
