@@ -29,9 +29,9 @@ RULE_COUNTS = ("n_groups", "topk_groups")
 RULE_OVERRIDES = tuple(f for f in routing.RULE_FIELDS if f not in RULE_COUNTS)
 # MoEConfig fields copied from `model.*` (not keys of `model.moe`).
 MOE_FROM_MODEL = ("d_model", "dtype", "init_std")
-# `model` keys read elsewhere: the `moe` section (moe_config) and the worksheet's text.
-MODEL_READ_ELSEWHERE = ("moe", "not_modelled")
-# LossConfig fields that come from the run, not from `loss.*` (LossConfig.from_config).
+# `model` keys that are not ModelConfig fields: the `moe` section (moe_config).
+MODEL_READ_ELSEWHERE = ("moe",)
+# LossConfig fields that come from the run, not from `loss.*` (loss_config).
 LOSS_FROM_RUN = ("n_shards", "grad_accum")
 
 
@@ -99,9 +99,7 @@ def model_config(c: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
 
 def loss_config(c: ml_collections.ConfigDict, n_shards: int) -> LossConfig:
   """The LossConfig of `loss.*` and `train.grad_accum`; `n_shards`: data-parallel shards."""
-  fields = {f.name for f in dataclasses.fields(LossConfig)}
-  _refuse_unread(c.loss, "loss", fields - set(LOSS_FROM_RUN))
-  return LossConfig.from_config(c, n_shards=n_shards)
+  return _build(LossConfig, c.loss, "loss", n_shards=n_shards, grad_accum=c.train.grad_accum)
 
 
 class _ShapeRngs:

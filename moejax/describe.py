@@ -10,6 +10,7 @@ sum); `format_worksheet` renders it as text. The trainer stores `to_dict()` unde
     python -m moejax.describe --config C --topology v5e:4x4   # TPU (the tpu extra)
     python -m moejax.describe --config C --gpu h100:8         # GPUs (the cuda extra)
     python -m moejax.describe --config C --fit tpu-v5e        # the smallest slice that fits
+    python -m moejax.describe --keys [SECTION]                 # every config key (docs/config.md)
 
 `--topology` / `--gpu` add the fit table (`format_fit`): the train step compiled ahead of
 time for the target's compile-only devices by `moejax.aot`, its per-device bytes and whether
@@ -33,7 +34,6 @@ import sys
 import ml_collections
 
 from moejax import aot, sharding
-from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
   count_groups,
@@ -42,6 +42,8 @@ from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet
   nominal_vocab,
   worksheet,
 )
+from moejax.config import table
+from moejax.validate import validate
 
 
 def _gib(n: int) -> str:
@@ -158,7 +160,22 @@ def _grid_memory(aot, c, target):
     return None
 
 
+def keys_section(argv: list[str]) -> str | None:
+  """`--keys [SECTION]` (or `--keys=SECTION`): the section to list ('' all), else None."""
+  for i, arg in enumerate(argv):
+    if arg == "--keys":
+      following = argv[i + 1] if i + 1 < len(argv) else ""
+      return "" if following.startswith("-") else following
+    if arg.startswith("--keys="):
+      return arg.split("=", 1)[1]
+  return None
+
+
 def main(argv: list[str]) -> int:
+  section = keys_section(argv[1:])
+  if section is not None:  # the keys' table needs no config
+    print(table.terminal(section))
+    return 0
   from absl import flags  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
 
@@ -178,7 +195,7 @@ def main(argv: list[str]) -> int:
     f"Accelerator family whose smallest slice the train step fits: {', '.join(aot.fit.FAMILIES)}.",
   )
   cli.parse_flags(argv, config, example="configs/full/mixtral.py")
-  config_lib.validate(config.value)
+  validate(config.value)
   targets = (topology.value, gpu.value, fit_family.value)
   where = resolve_target(*targets) if any(targets) else None
   vocab, note = nominal_vocab(config.value)

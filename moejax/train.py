@@ -12,7 +12,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from moejax import cli
-from moejax.kgrid import cells
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A get_config() file (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics, checkpoints.")
@@ -25,12 +24,11 @@ def main() -> int:
   from moejax import distributed  # pylint: disable=import-outside-toplevel  (jax import is slow)
 
   distributed.initialize()  # before any other JAX call; a no-op for a single process
-  from moejax import config as config_lib  # pylint: disable=import-outside-toplevel
   from moejax import runio  # pylint: disable=import-outside-toplevel
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
+  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
 
-  config_lib.validate(_CONFIG.value)
-  cells.check_eval(_CONFIG.value)  # the grid's cells too, before anything is built (exit 2)
+  validate(_CONFIG.value)  # every key and the grid's cells, before anything is built (exit 2)
 
   main_process = distributed.is_main()
   log = print if main_process else (lambda *a, **k: None)

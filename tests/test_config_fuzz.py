@@ -15,7 +15,7 @@ import pytest
 from failure_helpers import tiny
 
 from moejax.errors import UserError
-from moejax.kgrid import cells
+from moejax.validate import validate
 from moejax.nn import routing
 from moejax.training import trainer
 
@@ -122,8 +122,8 @@ def fuzz_cases(n: int, seed: int = 0) -> list[tuple[dict, str]]:
 
 def check(c: ml_collections.ConfigDict) -> None:
   """What `python -m moejax.train` checks before it builds anything: the config and the
-  grid's cells (eval.k1/eval.k2)."""
-  cells.check_eval(c)
+  grid's cells (eval.k1/eval.k2) in one `validate`, then the mesh against the batch."""
+  validate(c)
   trainer.check_config(c)
 
 

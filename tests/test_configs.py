@@ -25,6 +25,7 @@ from moejax import config as config_lib
 from moejax.nn import losses, routing
 from moejax.nn.model import ModelConfig, Transformer, is_moe_layer
 from moejax.training import workdir as workdir_lib
+from moejax.validate import validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 VOCAB_SIZE = 257  # the byte tokenizer's vocabulary
@@ -131,7 +132,7 @@ def test_preset_keys_rule_and_validate(name, base_keys):
   assert isinstance(cfg, ml_collections.ConfigDict)
   keys = key_paths(cfg)
   assert keys == base_keys, f"missing {sorted(base_keys - keys)}, extra {sorted(keys - base_keys)}"
-  config_lib.validate(cfg)
+  validate(cfg)
   m = cfg.model.moe
   assert m.rule == PRESET_RULES[name]
   rule = build.moe_config(cfg).merge_rule

@@ -17,6 +17,7 @@ from tiers import FULL
 
 from moejax import build, cli, describe
 from moejax import config as config_lib
+from moejax.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_DIR = ROOT / "configs" / "full"
@@ -62,7 +63,7 @@ def test_every_twin_is_a_complete_valid_config_extending_its_preset():
     c = cli.load_file(str(FULL_DIR / f"{name}.py"))
     preset = cli.load_file(str(ROOT / "configs" / f"{name}.py"))
     assert key_paths(c) == base, name
-    config_lib.validate(c)
+    validate(c)
     assert c.model.moe.rule == preset.model.moe.rule
     assert c.loss.to_dict() == preset.loss.to_dict()
 

@@ -1,6 +1,7 @@
 """Dispatch vs independent NumPy references: naive per-token loops and priority policies."""
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,7 @@ def make_case(T, E, K, seed=0, skew=False):
   return x, experts, weights, W
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dropless_fn(impl, block):
   f = lambda x, e, w, W: dsp.dropless(x, e, w, dsp.ExpertWeights(*W), impl=impl, block=block)
   return jax.jit(f)
@@ -245,7 +246,7 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
 
 def test_old_score_policy_name_gets_a_hint():
   with pytest.raises(UserError, match="renamed 'weight'"):
-    dsp.validate_dispatch("capacity", "score", "all", "auto", 1.0, 2.0, 4, None)
+    dsp.validate_dispatch(dispatch_fields(dispatch="capacity", drop_policy="score"))
 
 
 def test_large_capacity_equals_dropless():
@@ -309,10 +310,26 @@ def test_gather_sum_is_a_sum_of_row_reads_with_a_zero_sentinel():
   np.testing.assert_allclose(gather_sum(jnp.asarray(x), jnp.asarray(idx)), want, rtol=1e-6)
 
 
+def dispatch_fields(**kwargs) -> types.SimpleNamespace:
+  """The fields validate_dispatch reads (nn.moe.MoEConfig's), valid unless overridden."""
+  fields = dict(
+    dispatch="dropless",
+    drop_policy="position",
+    second_expert="all",
+    eval_second_expert="same",
+    impl="auto",
+    capacity_factor=1.0,
+    eval_capacity_factor=2.0,
+    min_capacity=4,
+    group_size=None,
+  )
+  return types.SimpleNamespace(**{**fields, **kwargs})
+
+
 @pytest.mark.parametrize(
   "kwargs,field",
   [
-    (dict(mode="foo"), "dispatch"),
+    (dict(dispatch="foo"), "dispatch"),
     (dict(drop_policy="x"), "drop_policy"),
     (dict(second_expert="x"), "second_expert"),
     (dict(eval_second_expert="x"), "eval_second_expert"),
@@ -325,30 +342,10 @@ def test_gather_sum_is_a_sum_of_row_reads_with_a_zero_sentinel():
   ],
 )
 def test_dispatch_validation_names_the_field(kwargs, field):
-  args = dict(
-    mode="dropless",
-    drop_policy="position",
-    second_expert="all",
-    impl="auto",
-    capacity_factor=1.0,
-    eval_capacity_factor=2.0,
-    min_capacity=4,
-    group_size=None,
-  )
-  args.update(kwargs)
-  with pytest.raises(UserError, match=field):
-    dsp.validate_dispatch(
-      args.pop("mode"),
-      args.pop("drop_policy"),
-      args.pop("second_expert"),
-      args.pop("impl"),
-      args.pop("capacity_factor"),
-      args.pop("eval_capacity_factor"),
-      args.pop("min_capacity"),
-      args.pop("group_size"),
-      args.pop("n_tokens", None),
-      **args,
-    )
+  n_tokens = kwargs.pop("n_tokens", None)
+  dsp.validate_dispatch(dispatch_fields())  # the defaults pass
+  with pytest.raises(UserError, match=f"model.moe.{field}="):
+    dsp.validate_dispatch(dispatch_fields(**kwargs), n_tokens)
 
 
 def test_auto_impl_on_this_host_is_the_table_entry_of_its_backend():

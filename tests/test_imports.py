@@ -23,7 +23,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   # entry points: flags are parsed (and bad ones refused) before the slow jax import, and
   # jax.distributed.initialize() runs before any module that touches JAX is imported
   ("moejax/train.py", "from moejax import distributed"): "entry point, before jax",
-  ("moejax/train.py", "from moejax import config as config_lib"): "entry point, after initialize()",
+  ("moejax/train.py", "from moejax.validate import validate"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax import runio"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.training import trainer"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.kgrid.run import run_grid"): "entry point, after initialize()",
@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   (
     "moejax",
     "moejax.errors",
+    "moejax.schema",
     "moejax.compat",
     "moejax.runio",
     "moejax.stats",
@@ -69,6 +70,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("moejax.sizing",),  # the worksheet and model FLOPs
   ("moejax.training",),  # the step, checkpoints, the run directory, loop and trainer
   ("moejax.kgrid",),  # the k1:k2 grid of a checkpoint
+  ("moejax.validate",),  # a run config's one check: the schema and the grid's cells
   ("moejax.hf",),  # transformers checkpoints in and out
   ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
   ("moejax.train", "moejax.evaluate", "moejax.describe", "moejax.prepare"),  # the entry points

@@ -25,6 +25,7 @@ from moejax.nn.moe import MoEConfig
 from moejax.nn.remat import REMAT_POLICIES
 from moejax.training import optim
 from moejax.training import step as step_lib
+from moejax.validate import validate
 
 # XLA:CPU's default scheduler orders for concurrency and runs a checkpointed block's
 # recomputation as soon as its inputs exist, which hides what remat saves; the
@@ -200,5 +201,5 @@ def test_bad_choice_is_a_one_line_user_error(key, allowed):
   assert c.model[key] == {"remat": "none", "attention": "xla"}[key]
   c.model[key] = "bogus"
   with pytest.raises(UserError) as e:
-    config_lib.validate(c)
+    validate(c)
   assert str(e.value) == f"model.{key}='bogus' is not allowed; use one of {allowed}"

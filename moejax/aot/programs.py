@@ -21,7 +21,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import build, compat, sharding
-from moejax import config as config_lib
 from moejax.aot import cache, custom_calls, loops, memory
 from moejax.aot.targets import Target
 from moejax.errors import UserError
@@ -30,6 +29,7 @@ from moejax.kgrid.forward import CellForward
 from moejax.sizing import worksheet
 from moejax.training import optim, trainer
 from moejax.training import step as step_lib
+from moejax.validate import validate
 
 
 class Abstract(NamedTuple):
@@ -80,7 +80,7 @@ def _with_shardings(tree, shardings):
 
 def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
   """The trainer's Run on `target`, built from the config alone (trainer.build's state)."""
-  config_lib.validate(c)
+  validate(c)
   mesh = trainer.check_config(c, target_mesh(c, target))
   vocab, _ = worksheet.nominal_vocab(c)
   graphdef, params, router = step_lib.split_model(build.abstract_model(c, vocab))

@@ -13,38 +13,16 @@ import ml_collections
 import numpy as np
 
 from moejax import distributed
-from moejax.data import stream, tokenizer
-from moejax.data.corpora import CORPORA, FORMATS, TEXT_DOCS, CorpusInfo, load_corpus
+from moejax.data import stream
+from moejax.data.config import DEFAULTS, DataConfig
+from moejax.data.corpora import CorpusInfo, load_corpus
 from moejax.data.tokenizer import Tokenizer, build_tokenizer
 from moejax.distributed import Shard
-from moejax.errors import UserError, check_choice
+from moejax.errors import UserError
 
 log = logging.getLogger(__name__)
 ONE_SHARD = Shard()  # a single process loads every row
 
-DEFAULTS: dict[str, Any] = {
-  "corpus": "stdlib",
-  "paths": "",
-  "format": "auto",
-  "jsonl_key": "text",
-  "text_docs": "file",
-  "tokenizer": "byte",
-  "bpe_vocab_size": 1024,
-  "batch_size": 32,
-  "seq_len": 256,
-  "holdout_fraction": 0.02,
-  "split_seed": 0,
-  "synthetic_docs": 4000,
-  "synthetic_seed": 0,
-  "max_docs": 0,
-  # moejax.prepare fits a BPE on at most this many bytes of train docs (a seeded sample)
-  "bpe_sample_bytes": 50_000_000,
-  # a directory written by `python -m moejax.prepare` ("" = load and encode in memory)
-  "prepared": "",
-  # data.prepared: hash every shard against manifest.json at startup (False: sizes, record
-  # counts and widths only, for corpora too large to read at each start; README "Data at scale")
-  "verify_shards": True,
-}
 
 
 def complete(data_cfg: Any) -> Any:
@@ -59,30 +37,9 @@ def complete(data_cfg: Any) -> Any:
 
 def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
   """(batch_size, seq_len, holdout_fraction, split_seed) of a full data config, or a
-  UserError naming the field; the choices are checked here too, before any loading."""
-
-  def integer(name: str, lo: int) -> int:
-    v = data_cfg[name]
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-      raise UserError(f"data.{name}={v!r} is not allowed; use an integer >= {lo}")
-    return v
-
-  batch_size, seq_len = integer("batch_size", 1), integer("seq_len", 2)
-  split_seed = integer("split_seed", 0)
-  integer("max_docs", 0)
-  integer("bpe_sample_bytes", 1)
-  if not isinstance(data_cfg["prepared"], str):
-    raise UserError(f"data.prepared={data_cfg['prepared']!r}: use a directory path or ''")
-  frac = data_cfg["holdout_fraction"]
-  if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-    raise UserError(f"data.holdout_fraction={frac!r} is not allowed; use a number in (0, 1)")
-  check_choice("data.corpus", data_cfg["corpus"], CORPORA)
-  check_choice("data.format", data_cfg["format"], FORMATS)
-  check_choice("data.text_docs", data_cfg["text_docs"], TEXT_DOCS)
-  if not isinstance(data_cfg["verify_shards"], bool):
-    raise UserError(f"data.verify_shards={data_cfg['verify_shards']!r}: use True or False")
-  tokenizer.check_config(data_cfg)
-  return batch_size, seq_len, float(frac), split_seed
+  UserError naming the key (`DataConfig` checks itself), before any loading."""
+  d = DataConfig(**dict(complete(data_cfg)))
+  return d.batch_size, d.seq_len, float(d.holdout_fraction), d.split_seed
 
 
 def heldout_mask(docs: Sequence[str], holdout_fraction: float, split_seed: int = 0) -> np.ndarray:
@@ -375,8 +332,3 @@ def heldout_windows(data_cfg: Any, workdir: str | None) -> tuple[np.ndarray, int
   held = split.heldout
   check_heldout(held.windows_NxL1.shape[0], len(held.tokens_T), data_cfg.seq_len)
   return held.windows_NxL1, split.tokenizer.vocab_size
-
-
-def default_config() -> Any:
-  """An ml_collections ConfigDict holding every data.* key with its default."""
-  return ml_collections.ConfigDict(dict(DEFAULTS))

@@ -23,6 +23,7 @@ from moejax.data.tokenizer import HFTokenizer
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
+from moejax.validate import validate
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -156,7 +157,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   files = shard_files(src)
   os.makedirs(workdir, exist_ok=True)
   c.data.tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
-  config_lib.validate(c)
+  validate(c)
   mc = build.model_config(c, c.model.vocab_size)
   tok = HFTokenizer(c.data.tokenizer[3:])
   if tok.vocab_size > mc.vocab_size:

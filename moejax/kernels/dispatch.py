@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +27,7 @@ from moejax.kernels.native import kernel as native
 from moejax.kernels.native import loader as native_loader
 from moejax.kernels.plans import ExpertWeights
 
+KEY = "model.moe"  # error messages name the config keys
 MODES = ("dropless", "capacity")
 SECOND_EXPERT = ("all", "random")
 EVAL_SECOND_EXPERT = ("same", "all")
@@ -249,49 +250,51 @@ def describe_kernels() -> list[str]:
   ]
 
 
-def validate_dispatch(
-  mode: str,
-  drop_policy: str,
-  second_expert: str,
-  impl: str,
-  capacity_factor: float,
-  eval_capacity_factor: float,
-  min_capacity: int,
-  group_size: int | None,
-  n_tokens: int | None = None,
-  *,
-  eval_second_expert: str = "same",
-) -> None:
-  """Raises `UserError` naming the dispatch field that is out of range."""
-  if drop_policy in plans.RENAMED_DROP_POLICIES:
-    raise UserError(plans.RENAMED_DROP_POLICIES[drop_policy])
-  for field, value, allowed in (
-    ("dispatch", mode, MODES),
-    ("drop_policy", drop_policy, plans.DROP_POLICIES),
-    ("second_expert", second_expert, SECOND_EXPERT),
-    ("eval_second_expert", eval_second_expert, EVAL_SECOND_EXPERT),
-    ("impl", impl, IMPLS),
+class DispatchFields(Protocol):
+  """The dispatch fields of `nn.moe.MoEConfig` that `validate_dispatch` checks."""
+
+  dispatch: str
+  drop_policy: str
+  second_expert: str
+  eval_second_expert: str
+  impl: str
+  capacity_factor: float
+  eval_capacity_factor: float
+  min_capacity: int
+  group_size: int | None
+
+
+def validate_dispatch(cfg: DispatchFields, n_tokens: int | None = None) -> None:
+  """Raises `UserError` naming the `model.moe` dispatch key that is out of range (and a
+  group size that does not tile the `n_tokens` of a call)."""
+  if cfg.drop_policy in plans.RENAMED_DROP_POLICIES:
+    raise UserError(plans.RENAMED_DROP_POLICIES[cfg.drop_policy])
+  for field, allowed in (
+    ("dispatch", MODES),
+    ("drop_policy", plans.DROP_POLICIES),
+    ("second_expert", SECOND_EXPERT),
+    ("eval_second_expert", EVAL_SECOND_EXPERT),
+    ("impl", IMPLS),
   ):
-    check_choice(field, value, allowed)
-  check_mode(impl, mode)
-  for field, value in (
-    ("capacity_factor", capacity_factor),
-    ("eval_capacity_factor", eval_capacity_factor),
-  ):
-    if not value > 0:
-      raise UserError(f"{field}={value} is not allowed; use a float > 0")
-  if min_capacity < 0:
-    raise UserError(f"min_capacity={min_capacity} is not allowed; use an int >= 0")
-  if group_size is not None and group_size < 1:
-    raise UserError(f"group_size={group_size} is not allowed; use an int >= 1 or None")
-  if group_size is not None and n_tokens is not None:
-    check_group_size(group_size, n_tokens)
+    check_choice(f"{KEY}.{field}", getattr(cfg, field), allowed)
+  check_mode(cfg.impl, cfg.dispatch)
+  for field in ("capacity_factor", "eval_capacity_factor"):
+    if not getattr(cfg, field) > 0:
+      raise UserError(f"{KEY}.{field}={getattr(cfg, field)} is not allowed; use a float > 0")
+  if cfg.min_capacity < 0:
+    raise UserError(f"{KEY}.min_capacity={cfg.min_capacity} is not allowed; use an int >= 0")
+  if cfg.group_size is not None and cfg.group_size < 1:
+    raise UserError(
+      f"{KEY}.group_size={cfg.group_size} is not allowed; use an int >= 1 or 0 (all tokens)"
+    )
+  if cfg.group_size is not None and n_tokens is not None:
+    check_group_size(cfg.group_size, n_tokens)
 
 
 def check_group_size(group_size: int, n_tokens: int) -> None:
   """Capacity routing groups must tile the tokens of one call exactly."""
   if n_tokens % group_size:
     raise UserError(
-      f"group_size={group_size} is not allowed; it must divide the "
+      f"{KEY}.group_size={group_size} is not allowed; it must divide the "
       f"{n_tokens} tokens of the local batch"
     )

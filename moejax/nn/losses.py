@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.errors import UserError, check_choice
+from moejax.schema import check_fields, key
 
 GRANULARITIES = ("micro_batch", "sequence", "global_batch")
 # f_i = assignments to i over all counted assignments (Σf = 1: Megatron, MegaBlocks,
@@ -26,35 +27,27 @@ BALANCE_CHOICES = ("all", "top1")
 class LossConfig:
   """Weights and granularity of the auxiliary losses (config `loss.*`)."""
 
-  balance_weight: float = 0.01
-  balance_granularity: str = "global_batch"
-  z_loss_weight: float = 0.001
-  bias_update_rate: float = 0.0
-  balance_convention: str = "fraction"  # BALANCE_CONVENTIONS
-  balance_choices: str = "all"  # BALANCE_CHOICES
-  n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity
-  grad_accum: int = 1
+  balance_weight: float = key(0.01, "weight of the load-balance loss", ge=0)
+  balance_granularity: str = key(
+    "global_batch", "over which tokens the balance loss counts loads", GRANULARITIES
+  )
+  z_loss_weight: float = key(0.001, "weight of the router z-loss", ge=0)
+  bias_update_rate: float = key(
+    0.0,
+    "aux-loss-free balancing: the selection bias's update rate (rules with selection_bias)",
+    ge=0,
+  )
+  balance_convention: str = key(
+    "fraction",
+    "f_i over all assignments (fraction, Σf = 1) or over tokens (count)",
+    BALANCE_CONVENTIONS,
+  )
+  balance_choices: str = key("all", "which choices count in f: all top-k, or top1", BALANCE_CHOICES)
+  n_shards: int = 1  # data-parallel shards, for `micro_batch` granularity (from the mesh)
+  grad_accum: int = 1  # train.grad_accum
 
   def __post_init__(self):
-    for name, allowed in (
-      ("balance_convention", BALANCE_CONVENTIONS),
-      ("balance_choices", BALANCE_CHOICES),
-    ):
-      check_choice(f"loss.{name}", getattr(self, name), allowed)
-
-  @classmethod
-  def from_config(cls, c, *, n_shards: int) -> "LossConfig":
-    """From a run config's `loss.*` and `train.grad_accum`."""
-    return cls(
-      balance_weight=c.loss.balance_weight,
-      balance_granularity=c.loss.balance_granularity,
-      z_loss_weight=c.loss.z_loss_weight,
-      bias_update_rate=c.loss.bias_update_rate,
-      balance_convention=c.loss.balance_convention,
-      balance_choices=c.loss.balance_choices,
-      n_shards=n_shards,
-      grad_accum=c.train.grad_accum,
-    )
+    check_fields(self, "loss")
 
 
 @jax.custom_vjp

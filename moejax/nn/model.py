@@ -13,13 +13,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.errors import UserError, check_choice
+from moejax.errors import UserError
 from moejax.nn import elastic, remat, stack
 from moejax.nn.attention import ATTENTION_IMPLS
 from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
+from moejax.schema import check_fields, key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,34 +32,47 @@ class ModelConfig:
   `remat` names a block rematerialization policy (`moejax.nn.remat.REMAT_POLICIES`),
   `attention` an attention implementation (`moejax.nn.attention.ATTENTION_IMPLS`)."""
 
-  vocab_size: int
-  d_model: int
-  n_layers: int
-  n_heads: int
-  n_kv_heads: int
-  head_dim: int = 0
-  d_ff: int = 0
-  qk_norm: bool = False
-  qk_norm_scope: str = "head"
-  qkv_bias: bool = False
-  tie_embeddings: bool = True
-  rope_theta: float = 10000.0
-  norm_eps: float = 1e-6
-  dtype: str = "float32"
-  init_std: float = 0.02
+  vocab_size: int = key(0, "vocabulary size (0: the tokenizer's)", ge=0)
+  d_model: int = key(128, "residual stream width", ge=1)
+  n_layers: int = key(4, "Transformer blocks", ge=1)
+  n_heads: int = key(4, "query heads", ge=1)
+  n_kv_heads: int = key(2, "key/value heads (GQA); must divide n_heads", ge=1)
+  head_dim: int = key(0, "width of a head (0: d_model // n_heads)", ge=0)
+  d_ff: int = key(512, "hidden width of the dense layers' FFN", ge=0)
+  qk_norm: bool = key(False, "RMSNorm on queries and keys")
+  qk_norm_scope: str = key(
+    "head", "qk_norm per head (Qwen3) or over the projection (OLMoE)", QK_NORM_SCOPES
+  )
+  qkv_bias: bool = key(False, "biases on the q/k/v projections (Qwen2)")
+  tie_embeddings: bool = key(True, "the output head is the embedding's transpose")
+  rope_theta: float = key(10000.0, "RoPE base", gt=0)
+  norm_eps: float = key(1e-6, "RMSNorm epsilon", gt=0)
+  dtype: str = key(
+    "float32", "compute dtype; parameters, optimizer, router and losses stay float32", DTYPES
+  )
+  init_std: float = key(0.02, "std of the normal initialization", gt=0)
   moe: MoEConfig | None = None
-  moe_every: int = 1
-  first_dense: int = 0
-  remat: str = "none"
-  attention: str = "xla"
-  scan_layers: bool = True
+  moe_every: int = key(
+    1, "every moe_every-th layer is MoE from first_dense on (0: dense model)", ge=0
+  )
+  first_dense: int = key(0, "leading dense layers (DeepSeek)", ge=0)
+  remat: str = key(
+    "none", "rematerialization policy of a block (moejax.nn.remat)", tuple(remat.REMAT_POLICIES)
+  )
+  attention: str = key(
+    "xla", "attention implementation (moejax.nn.attention)", tuple(ATTENTION_IMPLS)
+  )
+  scan_layers: bool = key(
+    True, "the layer stack as lax.scans over stacked parameters (moejax.nn.stack)"
+  )
+  not_modelled: str = key(
+    "", "what the source architecture has that this model lacks (the worksheet prints it)"
+  )
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads"):
-      if getattr(self, name) < 1:
-        raise UserError(f"model.{name}={getattr(self, name)} is not allowed; use an int >= 1")
-    if self.head_dim < 0:
-      raise UserError(f"model.head_dim={self.head_dim} is not allowed; use 0 (auto) or > 0")
+    check_fields(self, "model")
+    if self.vocab_size < 1:
+      raise UserError(f"model.vocab_size={self.vocab_size} is not allowed; use an int >= 1")
     if self.head_dim == 0 and self.d_model % self.n_heads:
       raise UserError(
         f"model.n_heads={self.n_heads} must divide model.d_model="
@@ -72,23 +86,11 @@ class ModelConfig:
       raise UserError(
         f"model.head_dim={self.resolved_head_dim} is not allowed; RoPE needs an even head_dim"
       )
-    check_choice("model.dtype", self.dtype, DTYPES)
-    check_choice("model.remat", self.remat, tuple(remat.REMAT_POLICIES))
-    check_choice("model.attention", self.attention, tuple(ATTENTION_IMPLS))
-    if self.qk_norm_scope not in QK_NORM_SCOPES:
-      raise UserError(
-        f"model.qk_norm_scope={self.qk_norm_scope!r} is not allowed; "
-        f"use one of {', '.join(QK_NORM_SCOPES)}"
-      )
-    if self.moe_every < 0:
-      raise UserError(f"model.moe_every={self.moe_every} is not allowed; use an int >= 0")
     if not 0 <= self.first_dense <= self.n_layers:
       raise UserError(
         f"model.first_dense={self.first_dense} is not allowed; use 0 <= "
         f"first_dense <= n_layers={self.n_layers}"
       )
-    if not (self.rope_theta > 0 and self.norm_eps > 0 and self.init_std > 0):
-      raise UserError("model.rope_theta, model.norm_eps and model.init_std must be > 0")
     if self.moe is not None and self.moe.d_model != self.d_model:
       raise UserError(
         f"model.moe.d_model={self.moe.d_model} must equal model.d_model={self.d_model}"

@@ -21,6 +21,7 @@ from moejax.nn import elastic, routing
 from moejax.nn.layers import DTYPES, DenseFFN, init_normal
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
+from moejax.schema import check_fields, key
 
 
 class RouterBias(nnx.Variable):
@@ -66,64 +67,74 @@ class MoEConfig:
   """Shapes, merge rule and dispatch of one MoE layer (field names are public API). The
   defaults are those of `model.moe` in `config.base_config()`, which is written from them."""
 
-  d_model: int
-  n_experts: int = 8
-  top_k: int = 2
-  d_expert: int = 128
-  d_shared: int = 0
-  rule: routing.MergeRule | str = "mixtral"
-  dispatch: str = "dropless"
-  capacity_factor: float = 1.25
-  eval_capacity_factor: float = 2.0
-  min_capacity: int = 4
-  drop_policy: str = "position"
-  group_size: int | None = None
-  second_expert: str = "all"
-  eval_second_expert: str = "same"  # "same": random at eval too (fixed seed); "all"
-  impl: str = "auto"
-  block_size: int = 32
-  jitter_eps: float = 0.0
-  dtype: str = "float32"
-  init_std: float = 0.02
-  expert_init_std: float = 0.0  # routed experts' init std; 0: init_std
-  # elastic-k training (moejax.nn.elastic): the k a token uses in a training step
-  train_k: str = "fixed"
-  train_k_min: int = 1
-  train_k_scope: str = "layer"
-  train_k2: str = "k"
-  train_k_schedule: str = ""  # "step:k,step:k" for train_k="schedule"
+  d_model: int  # model.d_model
+  n_experts: int = key(8, "routed experts E", ge=1)
+  top_k: int = key(2, "experts per token K (1 <= K <= E)", ge=1)
+  d_expert: int = key(128, "hidden width of a routed expert's SwiGLU", ge=1)
+  d_shared: int = key(0, "hidden width of the shared expert (0: none)", ge=0)
+  rule: routing.MergeRule | str = key(
+    "mixtral",
+    "merge rule by name (moejax.nn.routing.RULES; docs/merge-rules.md)",
+    tuple(routing.RULES),
+    checked=False,
+  )
+  dispatch: str = key(
+    "dropless", "dropless, or capacity (fixed per-expert slots, overflow dropped)", dsp.MODES
+  )
+  capacity_factor: float = key(
+    1.25, "dispatch=capacity: slots per expert, as a multiple of the mean load", gt=0
+  )
+  eval_capacity_factor: float = key(2.0, "the same at evaluation", gt=0)
+  min_capacity: int = key(4, "dispatch=capacity: at least this many slots per expert", ge=0)
+  drop_policy: str = key(
+    "position", "dispatch=capacity: which assignments keep a slot", plans.DROP_POLICIES
+  )
+  group_size: int | None = key(
+    None, "dispatch=capacity: tokens per routing group (0: all of a call's)", ge=1
+  )
+  second_expert: str = key(
+    "all", "training: all of the top-k, or GShard's random second expert", dsp.SECOND_EXPERT
+  )
+  eval_second_expert: str = key(
+    "same", "evaluation: same (random, fixed seed) or all", dsp.EVAL_SECOND_EXPERT
+  )
+  impl: str = key(
+    "auto", "the expert kernel (docs/dispatch.md; auto: by backend and shape)", dsp.IMPLS
+  )
+  block_size: int = key(32, "impl=blocked: token block of the block-sparse kernel", ge=1)
+  jitter_eps: float = key(
+    0.0, "multiplicative router-input jitter in training (Switch)", ge=0, lt=1
+  )
+  dtype: str = "float32"  # model.dtype
+  init_std: float = 0.02  # model.init_std
+  expert_init_std: float = key(0.0, "routed experts' init std (0: model.init_std)", ge=0)
+  train_k: str = key(
+    "fixed", "elastic-k: the k a token uses in training (docs/elastic-k.md)", elastic.TRAIN_K
+  )
+  train_k_min: int = key(1, "train_k=uniform: the smallest k drawn", ge=1)
+  train_k_scope: str = key(
+    "layer", "train_k=uniform: one draw per step, layer or token", elastic.SCOPES
+  )
+  train_k2: str = key(
+    "k", "elastic-k's normalization: over the k used, or over K", elastic.TRAIN_K2
+  )
+  train_k_schedule: str = key("", "train_k=schedule: 'step:k,step:k'")
 
   def __post_init__(self):
-    for name in ("d_model", "n_experts", "d_expert", "block_size"):
-      if getattr(self, name) < 1:
-        raise UserError(f"moe.{name}={getattr(self, name)} is not allowed; use an int >= 1")
-    if self.d_shared < 0:
-      raise UserError(f"moe.d_shared={self.d_shared} is not allowed; use an int >= 0")
-    if not 0.0 <= self.jitter_eps < 1.0:
-      raise UserError(f"moe.jitter_eps={self.jitter_eps} is not allowed; use 0 <= eps < 1")
-    if self.expert_init_std < 0:
+    if self.d_model < 1:
+      raise UserError(f"model.d_model={self.d_model} is not allowed; use an int >= 1")
+    check_choice("model.dtype", self.dtype, DTYPES)  # the fields copied from `model.*`
+    if not self.init_std > 0:
+      raise UserError(f"model.init_std={self.init_std} is not allowed; use a value > 0")
+    dsp.validate_dispatch(self)  # first: a renamed drop_policy gets its own line
+    check_fields(self, "model.moe")
+    if self.top_k > self.n_experts:
       raise UserError(
-        f"moe.expert_init_std={self.expert_init_std} is not allowed; use 0 (init_std) or > 0"
-      )
-    check_choice("moe.dtype", self.dtype, DTYPES)
-    if not 1 <= self.top_k <= self.n_experts:
-      raise UserError(
-        f"moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= n_experts={self.n_experts}"
+        f"model.moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= n_experts={self.n_experts}"
       )
     routing.validate(self.merge_rule, self.n_experts, self.top_k)
-    dsp.validate_dispatch(
-      self.dispatch,
-      self.drop_policy,
-      self.second_expert,
-      self.impl,
-      self.capacity_factor,
-      self.eval_capacity_factor,
-      self.min_capacity,
-      self.group_size,
-      eval_second_expert=self.eval_second_expert,
-    )
     if self.second_expert == "random" and self.top_k < 2:
-      raise UserError("moe.second_expert='random' needs top_k >= 2")
+      raise UserError("model.moe.second_expert='random' needs top_k >= 2")
     elastic.validate(self.elastic, self.top_k)
 
   @property

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError, check_choice
+from moejax.schema import key
 
 SCORES = ("softmax", "sigmoid")
 SHARED = ("none", "unit", "sigmoid", "kplus1")
@@ -55,15 +56,25 @@ NORMS: dict[str, Norm] = {
 class MergeRule:
   """How router logits become routed coefficients r_i and a shared coefficient c(x)."""
 
-  score: str = "softmax"
-  norm: str = "sum"
-  lp: float = 1.0
-  scale: float | str = 1.0
-  shared: str = "none"
-  selection_bias: bool = False
-  n_groups: int = 1
-  topk_groups: int = 1
-  group_score: str = "max"
+  # As `model.moe.<field>` keys these are unset and replace the named rule's when set
+  # (compose_rule); __post_init__ checks them.
+  score: str = key("softmax", "router scores s from logits", SCORES, checked=False)
+  norm: str = key("sum", "renormalization of the selected scores", NORMS, checked=False)
+  lp: float = key(1.0, "norm=lp: the norm's p", gt=0, checked=False)
+  scale: float | str = key(
+    1.0, "alpha of r_i = alpha p_i: a float, or 'k' (the trained K)", checked=False
+  )
+  shared: str = key("none", "the shared expert's gate c(x)", SHARED, checked=False)
+  selection_bias: bool = key(
+    False, "aux-loss-free selection bias (loss.bias_update_rate)", checked=False
+  )
+  n_groups: int = key(
+    1, "expert groups of group-limited routing (0 in the config: the rule's)", ge=1, checked=False
+  )
+  topk_groups: int = key(
+    1, "groups kept per token (0 in the config: the rule's)", ge=1, checked=False
+  )
+  group_score: str = key("max", "n_groups > 1: how a group is scored", GROUP_SCORES, checked=False)
 
   def __post_init__(self):
     check_choice(f"{KEY}.score", self.score, SCORES)

@@ -43,7 +43,6 @@ class Run:
 def check_config(c: ml_collections.ConfigDict, mesh=None) -> jax.sharding.Mesh:
   """The whole config checked before any data loading or compilation; returns the mesh
   (`mesh`: a target's own, e.g. moejax.aot's; default: over this host's devices)."""
-  config_lib.validate(c)
   mesh = sharding.make_mesh(c.mesh) if mesh is None else mesh
   if c.data.batch_size % (sharding.data_shards(mesh) * c.train.grad_accum):
     raise UserError(

@@ -1,0 +1,55 @@
+"""`data.*`: the corpus, its tokenizer, the split and the batches, as a typed, frozen dataclass
+(moejax.schema); the one place data defaults live. `pipeline.validate_config` builds it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from moejax.data import tokenizer
+from moejax.data.corpora import CORPORA, FORMATS, TEXT_DOCS
+from moejax.schema import check_fields, defaults, key
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """`data.*` (docs/data.md)."""
+
+  corpus: str = key(
+    "stdlib", "the documents: this Python's stdlib, a synthetic mixture, or files", CORPORA
+  )
+  paths: str = key("", "corpus=files: comma-separated paths or globs")
+  format: str = key("auto", "corpus=files: the reader (auto: by extension)", FORMATS)
+  jsonl_key: str = key("text", "corpus=files, JSONL: the field holding a document's text")
+  text_docs: str = key(
+    "file", "corpus=files, text: one document per file or per paragraph", TEXT_DOCS
+  )
+  tokenizer: str = key("byte", f"the tokenizer: {', '.join(tokenizer.CHOICES)}")
+  bpe_vocab_size: int = key(1024, "tokenizer=bpe: its vocabulary size", ge=1)
+  batch_size: int = key(16, "sequences per optimizer step, over all processes", ge=1)
+  seq_len: int = key(128, "tokens per training sequence", ge=2)
+  holdout_fraction: float = key(
+    0.02, "fraction of documents held out (a keyed hash of each)", gt=0, lt=1
+  )
+  split_seed: int = key(0, "key of the held-out split's hash", ge=0)
+  synthetic_docs: int = key(4000, "corpus=synthetic: how many documents", ge=2)
+  synthetic_seed: int = key(0, "corpus=synthetic: their seed")
+  max_docs: int = key(0, "read at most this many documents (0: all)", ge=0)
+  bpe_sample_bytes: int = key(
+    50_000_000,
+    "moejax.prepare fits a BPE on at most this many bytes of train docs (a seeded sample)",
+    ge=1,
+  )
+  prepared: str = key(
+    "", "a directory written by `python -m moejax.prepare` ('': load and encode in memory)"
+  )
+  verify_shards: bool = key(
+    True,
+    "prepared: hash every shard against manifest.json at startup (False: sizes, counts and widths only)",
+  )
+
+  def __post_init__(self):
+    check_fields(self, "data")
+    tokenizer.check_config(dataclasses.asdict(self))
+
+
+DEFAULTS = defaults(DataConfig)

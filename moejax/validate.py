@@ -1,0 +1,15 @@
+"""The one check of a run config, before anything is built: every key against the schema
+(`moejax.config.check`) and the k-grid's cells (`eval.k1`/`eval.k2`, `kgrid.cells`).
+Entry points call it once; a bad value is a one-line UserError naming the key (exit 2)."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from moejax import config
+from moejax.kgrid import cells
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  config.check(c)
+  cells.check_eval(c)

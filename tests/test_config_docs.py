@@ -1,0 +1,115 @@
+"""The config schema as documentation: docs/config.md is the table the dataclasses generate,
+every key of `base_config()` has exactly one documented row, each key's documented range is
+what `validate` enforces, and `describe --keys` prints the table."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+from moejax import config
+from moejax.config import table
+from moejax.errors import UserError
+from moejax.validate import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def leaf_keys(c: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  out = []
+  for k in c.keys():
+    v = c.get(k)
+    if isinstance(v, ml_collections.ConfigDict):
+      out += leaf_keys(v, f"{prefix}{k}.")
+    else:
+      out.append(f"{prefix}{k}")
+  return out
+
+
+def all_rows():
+  return [r for name in config.SECTIONS for r in table.section_rows(name)]
+
+
+def test_docs_config_md_is_the_generated_table():
+  want = table.markdown()
+  got = (ROOT / "docs" / "config.md").read_text()
+  assert got == want, "docs/config.md is stale: python -m moejax.config.table > docs/config.md"
+
+
+def test_every_key_has_exactly_one_row_with_a_description():
+  rows = all_rows()
+  keys = [r.key for r in rows]
+  assert len(keys) == len(set(keys))
+  assert sorted(keys) == sorted(leaf_keys(config.base_config()))
+  assert all(r.doc.strip() for r in rows)
+
+
+def test_each_documented_default_is_the_base_config_value():
+  c = config.base_config()
+  for r in all_rows():
+    node = c
+    for part in r.key.split("."):
+      node = node[part]
+    if "(the rule's)" not in r.default:
+      assert r.default == repr(node), r.key
+
+
+def _outside(r) -> list:
+  """Values just outside a row's documented range (from its `allowed` text)."""
+  out = []
+  for token, op in ((">= ", "ge"), ("> ", "gt"), ("<= ", "le"), ("< ", "lt")):
+    if r.allowed.startswith(token):
+      bound = float(r.allowed[len(token) :])
+      out.append({"ge": bound - 1, "gt": bound, "le": bound + 1, "lt": bound}[op])
+  if r.allowed.startswith("["):  # [lo, hi] or [lo, hi)
+    lo, hi = (float(x) for x in r.allowed[1:-1].split(","))
+    out += [lo - 0.5, hi + 0.5] if r.allowed.endswith("]") else [lo - 0.5, hi]
+  if r.allowed.startswith("'"):
+    out.append("not-a-choice")
+  return out
+
+
+def _set(c, key: str, value) -> None:
+  *parents, leaf = key.split(".")
+  node = c
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+
+
+CROSS = {  # keys whose rows are bounded, but whose refusal in a config names another key
+  "model.moe.top_k",  # top_k is also bounded by n_experts (checked first by MoEConfig)
+}
+
+
+@pytest.mark.parametrize("row", [r for r in all_rows() if r.allowed], ids=lambda r: r.key)
+def test_validate_refuses_a_value_outside_each_documented_range_naming_the_key(row):
+  if row.key.startswith("model.moe.") and row.default.endswith("(the rule's)"):
+    pytest.skip("a rule field: composed and checked by moejax.nn.routing (tests/test_routing.py)")
+  if row.key == "data.tokenizer" or row.key in CROSS:
+    pytest.skip("checked with another key")
+  for bad in _outside(row):
+    c = config.base_config()
+    if row.type == "int" and isinstance(bad, float):
+      bad = math.floor(bad)  # an int just outside: ge 1 -> 0, ge 0 -> -1
+    _set(c, row.key, bad)
+    with pytest.raises(UserError, match=row.key.replace(".", r"\.") + "="):
+      validate(c)
+
+
+def test_describe_keys_prints_a_section_and_refuses_an_unknown_one():
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  run = [sys.executable, "-m", "moejax.describe", "--keys"]
+  ok = subprocess.run(run + ["optim"], capture_output=True, text=True, env=env, cwd=ROOT)
+  assert ok.returncode == 0, ok.stderr
+  names = [line.split()[0] for line in ok.stdout.splitlines() if line.startswith("optim.")]
+  assert names == [r.key for r in table.section_rows("optim")]
+  bad = subprocess.run(run + ["optimz"], capture_output=True, text=True, env=env, cwd=ROOT)
+  assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --keys 'optimz'")
+  assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
