@@ -17,11 +17,10 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
 )
 from tiers import FULL, one_default
 
-from moejax import sharding
+from moejax import build, sharding
 from moejax.errors import UserError
 from moejax.kernels import plans
 from moejax.nn import elastic, routing
-from moejax.nn.losses import LossConfig
 from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
@@ -144,7 +143,7 @@ BASE = {"model.moe.n_experts": 8, "model.moe.top_k": 4, "data.seq_len": 16}
 def _step(**moe):
   c = tiny(**{k.replace(".", "__"): v for k, v in BASE.items()}, **moe)
   run = trainer.build(c, workdir=None)
-  lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
   fn = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
   return run, fn
 

@@ -12,10 +12,9 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
 )
 from jax import export
 
-from moejax import compat, sharding
+from moejax import build, compat, sharding
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
-from moejax.nn.losses import LossConfig
 from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
@@ -56,7 +55,7 @@ def _exported(impl: str, platform: str) -> str:
   """StableHLO of the trainer's jitted train step (tiny config), exported for `platform`."""
   c = tiny(model__moe__impl=impl)
   run = trainer.build(c, workdir=None)
-  lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   tokens = next(run.data.train_iterator())["tokens"]
   with compat.lowering_for((platform,)):

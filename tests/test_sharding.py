@@ -31,7 +31,7 @@ from moejax.training import trainer
 SCRIPT = textwrap.dedent(r'''
   import json, sys
   import jax, jax.numpy as jnp, numpy as np
-  from moejax import config as config_lib, sharding
+  from moejax import build, config as config_lib, sharding
   from moejax.training import optim, trainer, step as step_lib
   from moejax.errors import UserError
   from moejax.nn.losses import LossConfig
@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # Sharded, exactly as trainer.train runs it.
     shardings = sharding.state_sharding(run.state, run.mesh)
-    lc = LossConfig.from_config(c, n_shards=sharding.data_shards(run.mesh))
+    lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
     fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
                  out_shardings=(shardings, None))
     batch = jax.device_put(tokens, sharding.batch_sharding(run.mesh))
@@ -80,7 +80,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # One device, no shardings.
     dev0 = jax.devices()[0]
-    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, LossConfig.from_config(c, n_shards=1),
+    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, build.loss_config(c, n_shards=1),
                                             schedule))
     ref = jax.device_put(host_state, dev0)
     ref_batch = jax.device_put(tokens, dev0)

@@ -33,7 +33,7 @@ from failure_helpers import (  # fast_compiles: autouse for this module
 from flax import nnx
 from tiers import FULL, one_default
 
-from moejax import sharding
+from moejax import build, sharding
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import moe_biases
 from moejax.training import checkpoint, optim, trainer
@@ -53,7 +53,7 @@ def tiny_config(**values) -> ml_collections.ConfigDict:
 
 def loss_config(c: ml_collections.ConfigDict, **changes) -> LossConfig:
   """The LossConfig trainer.train builds from `c` (one device: n_shards 1)."""
-  return dataclasses.replace(LossConfig.from_config(c, n_shards=1), **changes)
+  return dataclasses.replace(build.loss_config(c, n_shards=1), **changes)
 
 
 def first_batch(run: trainer.Run) -> jax.Array:

@@ -17,14 +17,18 @@ class DataConfig:
   corpus: str = key(
     "stdlib", "the documents: this Python's stdlib, a synthetic mixture, or files", CORPORA
   )
-  paths: str = key("", "corpus=files: comma-separated paths or globs")
+  paths: str = key(
+    "", "corpus=files: comma-separated paths or globs", checked=False
+  )  # a list too, from Python (expand_paths)
   format: str = key("auto", "corpus=files: the reader (auto: by extension)", FORMATS)
   jsonl_key: str = key("text", "corpus=files, JSONL: the field holding a document's text")
   text_docs: str = key(
     "file", "corpus=files, text: one document per file or per paragraph", TEXT_DOCS
   )
   tokenizer: str = key("byte", f"the tokenizer: {', '.join(tokenizer.CHOICES)}")
-  bpe_vocab_size: int = key(1024, "tokenizer=bpe: its vocabulary size", ge=1)
+  bpe_vocab_size: int = key(
+    1024, "tokenizer=bpe: its vocabulary size (the 256 bytes and EOS at least)", ge=257
+  )
   batch_size: int = key(16, "sequences per optimizer step, over all processes", ge=1)
   seq_len: int = key(128, "tokens per training sequence", ge=2)
   holdout_fraction: float = key(

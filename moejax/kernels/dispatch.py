@@ -98,27 +98,11 @@ IMPLS = ("auto", *KERNELS)
 # and Mosaic custom calls): `jax.export.export(fn, platforms=..., disabled_checks=...)`.
 EXPORT_DISABLED_CHECKS = tokamax_ragged.EXPORT_DISABLED_CHECKS
 
-# `auto` per mode and platform, from compile evidence (no device has timed these):
-# * NVIDIA GPU: `tokamax` (dropless) and `batched` (capacity), the kernels whose compiled
-#   program fits and has no per-block while loop. One MoE layer's forward + backward at the
-#   TPU preset's per-device shapes on 8 GPUs (T 32768, d 1024, E 64, K 8, f 256, bf16),
-#   compiled deviceless by XLA:GPU (benchmarks/gpu_kernels_compile.py): `fused` 1.52 GiB of
-#   temporaries and 12 while loops (dynamic trip counts: a few small GEMMs per block per
-#   iteration); `tokamax` 0 loops, 6 kernels: Mosaic GPU on H100 (2.69 GiB), Triton on A100
-#   (1.57 GiB), Mosaic forward/dx + Triton dW on B200 (1.88 GiB); `ragged` 184 GiB (XLA's
-#   dense rewrite over all E groups). Capacity (factor 1.25): `fused` 1.84 GiB, 2 loops of 64
-#   trips (one per expert block); `batched` 2.41 GiB, 0 loops.
-# * TPU dropless: megablox. Compiled for v5e by the TPU compiler (benchmarks/tpu_ragged_dot.py,
-#   M 4096, d 1024, f 256, E 64), ragged_dot's forward and dx are native (1.0x the ideal
-#   FLOPs) but its dW (the ragged-contracting transpose) is expanded over all E groups: 64.2x
-#   the ideal FLOPs; megablox's tgmm and tokamax's Mosaic TPU kernel do dW at 1.0x. The TPU
-#   preset's whole step on v5e:4x4 (`tpu_ragged_dot.py --train-step`): megablox and tokamax
-#   10.91 / 10.90 TFLOPs and 5.32 / 5.32 GiB of temporaries per device. Kept: megablox's
-#   kernel follows the lowering platform, so a CPU host's AOT compile is what the TPU runs;
-#   tokamax picks Mosaic TPU only when JAX's default device is a TPU. MaxText defaults to
-#   megablox on TPU too.
-# * CPU: `native` where its library is built (README "Performance"), else the fused loop.
-# * ROCm, and capacity off CUDA: the fused loop (ROCm untested).
+# `auto` per mode and platform: CUDA `tokamax` (dropless) and `batched` (capacity), the
+# kernels whose compiled program fits with no per-block while loop; TPU `megablox` (ragged_dot's
+# dW expands over all E groups, and megablox follows the lowering platform); CPU `native` where
+# built, else `fused`; ROCm and the rest `fused`. The evidence (compile-only, not device timings:
+# benchmarks/gpu_kernels_compile.py, tpu_ragged_dot.py, moe_layer.py) is in docs/performance.md.
 CPU_AUTO = "native" if native_loader.available() else "fused"
 AUTO: dict[str, dict[str, str]] = {
   "dropless": {"cpu": CPU_AUTO, "cuda": "tokamax", "rocm": "fused", "tpu": "megablox"},
