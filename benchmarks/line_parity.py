@@ -1,6 +1,6 @@
 """Two runs of the same config compared step by step: where their logged metrics first
 differ, by how much, and how far apart they end (losses and the k-grid). Used to compare the
-jax lines (README "Tests"): the same command trained under Python 3.11 / jax 0.10.2 and
+jax lines (docs/tests.md): the same command trained under Python 3.11 / jax 0.10.2 and
 Python 3.12 / jax 0.11.2, on the same documents.
 
   python benchmarks/line_parity.py RUN_A RUN_B

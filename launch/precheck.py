@@ -18,7 +18,7 @@ score, norm, lp, scale and group score): those are elementwise maps of the route
 [tokens, E] scores into buffers of the same shapes and dtypes. The rule's structure stays in
 the key (a shared expert and its gate, a selection bias, expert groups: they add parameters
 or router state), as do shapes, dtypes, dispatch mode and impl, remat, attention, mesh,
-batch, the losses and the accelerator. Measured on v5e:4x4 (README "Cloud"): factor B's
+batch, the losses and the accelerator. Measured on v5e:4x4 (docs/cloud.md): factor B's
 eight rules at the TPU preset span 0.03 GiB of 15.75. Distinct programs compile in parallel
 worker processes (`workers`); `per_run=True` compiles every run on its own.
 

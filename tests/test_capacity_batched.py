@@ -10,7 +10,7 @@ no while loop, where `fused` has its per-block loop.
 Bitwise equality of the values is not a property two float32 programs with different
 matmul shapes have on XLA:CPU: one einsum `gecd,edf->gecf` and the same [C, D] x [D, F]
 dots block by block differ in most elements already, with no MoE code
-(`python benchmarks/capacity_rounding.py`, README Dispatch), and `fused`'s custom VJP sums
+(`python benchmarks/capacity_rounding.py`, docs/dispatch.md), and `fused`'s custom VJP sums
 dW block by block. So the drops are compared bitwise and the values to 1e-6 of their scale.
 """
 

@@ -1,5 +1,5 @@
 """Failures in-process: cadences, determinism, stale metrics, corrupt checkpoints, a full
-disk, non-finite steps, resume guards (README "Resuming and failures").
+disk, non-finite steps, resume guards (docs/failures.md).
 
 One 12-step config (log 5, eval 7, checkpoint 4) serves every run, so the train step
 compiles once (persistent XLA cache, cheap compiles, as in test_train.py).

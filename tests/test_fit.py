@@ -154,8 +154,8 @@ def test_tpu_search_skips_sizes_the_state_cannot_fit_then_compiles(libtpu):
 
 # --- The full-size twins compile as training runs, scanned, for targets that fit them:
 # configs/full/olmoe.py (16 layers, 64 experts of 1,024, d_model 2,048) on a TPU v5e:4x4
-# (remat full) and on 8 x H100, the smallest slices `--fit` found (README "Describe a
-# config"). Each compile runs XLA:TPU or XLA:GPU's whole pipeline here (a minute or two of
+# (remat full) and on 8 x H100, the smallest slices `--fit` found (docs/describe.md).
+# Each compile runs XLA:TPU or XLA:GPU's whole pipeline here (a minute or two of
 # one core), so they are in the full tier; they skip without the compiler unless
 # MOEJAX_REQUIRE_TPU / MOEJAX_REQUIRE_GPU is set (CI sets both).
 OLMOE = str(ROOT / "configs" / "full" / "olmoe.py")

@@ -1,6 +1,6 @@
 """Real processes, real signals: kill -9 at three points (one during a checkpoint save) and
 rerunning gives the uninterrupted run's losses and bitwise state; SIGTERM and SIGINT save
-the current step and exit 0 (README "Resuming and failures")."""
+the current step and exit 0 (docs/failures.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Compiled footprints kept on disk, keyed by exactly what the compiler was given.
 
 A sweep's precheck compiles each distinct program for its accelerator, and the TPU preset's
-train step takes ~210 CPU-s to compile on v5e:4x4 whatever its depth (README "Cloud"), so a
+train step takes ~210 CPU-s to compile on v5e:4x4 whatever its depth (docs/cloud.md), so a
 dry run followed by the launch would compile everything twice. Here the compiler's answer
 (`memory_analysis()`, the HBM refusal, the while loops) is stored as JSON under a key that
 hashes the lowered program's text (`Lowered.as_text()`: deterministic across processes and

@@ -54,7 +54,7 @@ def coretype(cpu_flags: set[str], env: dict) -> str | None:
   OPENBLAS_CORETYPE). On this machine's AMD EPYC (AVX-512, full-width FMA), OpenBLAS 0.3.34
   detects a Haswell, and the environment sets OPENBLAS_CORETYPE=Haswell too: its AVX2
   kernels run [256, 256] x [256, 512] at 93-107 GFLOP/s on one core, SkylakeX's at 172-195
-  (README "Performance"). The copy is private, so numpy's and scipy's BLAS keep theirs."""
+  (docs/performance.md). The copy is private, so numpy's and scipy's BLAS keep theirs."""
   if env.get("MOEJAX_OPENBLAS_CORETYPE"):
     return env["MOEJAX_OPENBLAS_CORETYPE"]
   return "SKYLAKEX" if all(f in cpu_flags for f in AVX512) else None
