@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels the lent H200 image lacks for moejax (docs/performance.md, "The prepared device benchmark"):
+# The wheels the lent H200 image lacks for moejax (docs/performance.md, device benchmark):
 # its Python 3.12 has jax 0.11.2 with the cuda13 plugin, optax, orbax-checkpoint, chex, etils,
 # tokenizers, matplotlib, jaxtyping and most of their needs, but not these (found by importing
 # moejax with only those packages and these wheels, and running the tiny CPU benchmark). Written to
