@@ -16,7 +16,8 @@ without it the script looks for `<target>*.txtpb` in the repository. With `--def
 (the default) the compile-only GPU is JAX's default device while tracing, so that tokamax,
 which picks its kernel from the default device (`jax.extend.backend.get_default_device`),
 traces its Mosaic GPU kernels for sm90/sm100; `--no-default-device` traces as a CPU host does
-(tokamax falls back to Triton). Prints a markdown table and writes OUT.json/OUT.md.
+(tokamax falls back to Triton). Prints a markdown table and writes OUT.json/OUT.md, and
+benchmarks/results/gpu_kernels_compile_<target>.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from jax.experimental import topologies  # noqa: E402
 from moejax.kernels import dispatch as dsp  # noqa: E402
 from moejax.kernels import plans  # noqa: E402
 from moejax.nn.attention import ATTENTION_IMPLS  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_result
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T, D, E, K, F = 32 * 1024, 1024, 64, 8, 256
@@ -172,6 +176,7 @@ def main() -> None:
   p.add_argument("--cases", default="moe,capacity,attention")
   p.add_argument("--default-device", action=argparse.BooleanOptionalAction, default=True)
   p.add_argument("--out", default="")
+  p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   dev = gpu_device(args.target, args.target_config)
   sharding = jax.sharding.SingleDeviceSharding(dev)
@@ -191,6 +196,23 @@ def main() -> None:
       json.dump(report, f, indent=1)
     with open(os.path.join(args.out, "gpu_kernels_compile.md"), "w") as f:
       f.write(f"# {dev.device_kind}, compile-only\n\n{table(rows)}\n")
+  figures = {"rows": [result_row(r) for r in rows], "device_kind": dev.device_kind}
+  figures["default_device"] = args.default_device
+  write_result(args.result or f"gpu_kernels_compile_{args.target}", figures)
+
+
+def result_row(r: dict) -> dict:
+  """One case as flat figures (a case that did not compile keeps its error)."""
+  if "error" in r:
+    return {"case": r["case"], "error": r["error"]}
+  return {
+    "case": r["case"],
+    "temporaries_GiB": r["temp_bytes"] / 2**30,
+    "while_loops": r["while_loops"],
+    "trip_counts": ", ".join("?" if t is None else str(t) for t in r["trip_counts"]),
+    "custom_calls": ", ".join(f"{k} ×{v}" for k, v in sorted(r["custom_calls"].items())),
+    "compile_s": r["compile_s"],
+  }
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ capacity(1.25)/dense and, when torch and transformers are installed
 shape (below 1: ours is faster), all timed interleaved in the same process. The MoE arms do
 the dense arm's GEMM FLOPs (T·K rows of width f against T rows of width K·f), so 1/ratio is
 the fraction of the dense FFN's GEMM rate an impl reaches. `native` is the C++ FFI kernel
-(moejax/kernels/native; `fused` where it is not built).
+(moejax/kernels/native; `fused` where it is not built). Writes benchmarks/results/moe_layer.json
+(`--result NAME` for another name, e.g. a pinned run's).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(__file__))
 import hf_olmoe
-from common import interleaved_min
+from common import interleaved_min, write_result
 
 from moejax.nn.layers import DenseFFN
 from moejax.nn.moe import MoEBlock, MoEConfig
@@ -57,6 +58,7 @@ def main() -> None:
   p.add_argument("--block", type=int, default=32)
   p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
   p.add_argument("--impls", default="fused,native", help="dispatch impls to time side by side")
+  p.add_argument("--result", default="moe_layer", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   hf = hf_olmoe.available() and not args.no_hf
   print(f"backend={jax.default_backend()} devices={jax.device_count()} block={args.block}")
@@ -65,6 +67,7 @@ def main() -> None:
     "| T | d | f | E | K | impl | dense ms | dropless/dense | capacity1.25/dense | dropless/OLMoE |"
   )
   print("|---|---|---|---|---|---|---:|---:|---:|---:|")
+  rows = []
   for T, d, f, E, K in CASES:
     x = jax.random.normal(jax.random.key(0), (T, d), jnp.float32)
     rngs = nnx.Rngs(0)
@@ -94,7 +97,18 @@ def main() -> None:
         f"{drop / t['dense']:.2f} | {cap / t['dense']:.2f} | {vs_hf} |",
         flush=True,
       )
+      rows.append({
+        "T": T, "d": d, "f": f, "E": E, "K": K, "impl": impl,
+        "dense_ms": t["dense"] * 1e3,
+        "dropless_ms": drop * 1e3,
+        "capacity1.25_ms": cap * 1e3,
+        "dropless_over_dense": drop / t["dense"],
+        "capacity1.25_over_dense": cap / t["dense"],
+        "dropless_over_olmoe": drop / t["olmoe"] if hf else None,
+      })  # fmt: skip
   print(f"OLMoE block: {label}")
+  write_result(args.result, {"rows": rows, "olmoe_block": label, "block": args.block,
+                             "repeats": args.repeats})  # fmt: skip
 
 
 if __name__ == "__main__":

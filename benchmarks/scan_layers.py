@@ -4,7 +4,8 @@ Run: python benchmarks/scan_layers.py [--shape 64/8/32] [--repeats 5] [--set KEY
 The study shape (`base_config()` with qwen3_moe, E/K/f) and its dense twin (d_ff = K·f),
 each built scanned and unrolled, four train steps compiled in one process and timed
 interleaved (min of `--repeats`). Prints the compile seconds of each, the MoE/dense compile
-ratio in each layout, the scanned/unrolled step-time ratio and XLA's step bytes.
+ratio in each layout, the scanned/unrolled step-time ratio and XLA's step bytes, and writes
+them to benchmarks/results/scan_layers.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 from aot_compile_time import _set
-from common import interleaved_min
+from common import interleaved_min, write_result
 from study_shape import study_config
 from train_step import dense_twin, jitted_step
+
+from moejax.kernels import dispatch as dsp
 
 
 def arms(moe_cfg) -> dict[str, object]:
@@ -38,6 +41,7 @@ def main() -> None:
   p.add_argument("--shape", default="64/8/32", help="E/K/f")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+  p.add_argument("--result", default="scan_layers", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   E, K, f = (int(v) for v in args.shape.split("/"))
   c = study_config(E, K, f)
@@ -48,16 +52,25 @@ def main() -> None:
   print(f"backend={jax.default_backend()} shape E/K/f={args.shape} layers={c.model.n_layers}")
   print("| arm | compile s | step ms | step MiB |")
   print("|---|---:|---:|---:|")
+  rows, ratios = [], []
   for name, b in built.items():
     print(f"| {name} | {b.compile_s:.2f} | {t[name] * 1e3:.1f} | {b.step_bytes / 2**20:.0f} |")
+    mib = b.step_bytes / 2**20
+    rows.append({"arm": name, "compile_s": b.compile_s, "step_ms": t[name] * 1e3, "step_MiB": mib})
   for layout in ("scanned", "unrolled"):
     ratio = built[f"moe/{layout}"].compile_s / built[f"dense/{layout}"].compile_s
     print(f"compile MoE/dense, {layout}: {ratio:.2f}x")
+    ratios.append({"ratio": f"compile MoE/dense, {layout}", "value": ratio})
   for kind in ("moe", "dense"):
-    print(
-      f"step time scanned/unrolled, {kind}: {t[f'{kind}/scanned'] / t[f'{kind}/unrolled']:.3f}; "
-      f"compile {built[f'{kind}/scanned'].compile_s / built[f'{kind}/unrolled'].compile_s:.2f}x"
-    )
+    step = t[f"{kind}/scanned"] / t[f"{kind}/unrolled"]
+    compile_ratio = built[f"{kind}/scanned"].compile_s / built[f"{kind}/unrolled"].compile_s
+    print(f"step time scanned/unrolled, {kind}: {step:.3f}; compile {compile_ratio:.2f}x")
+    ratios.append({"ratio": f"step time scanned/unrolled, {kind}", "value": step})
+    ratios.append({"ratio": f"compile scanned/unrolled, {kind}", "value": compile_ratio})
+  m = c.model.moe
+  impl = f"{m.impl} ({dsp.resolve_impl(m.impl, m.dispatch)})" if m.impl == "auto" else m.impl
+  shape = {"E/K/f": args.shape, "layers": c.model.n_layers, "impl": impl}
+  write_result(args.result, {"rows": rows, "ratios": ratios, **shape, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

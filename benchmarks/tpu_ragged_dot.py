@@ -10,6 +10,9 @@ v5e:4x4 with `impl=megablox` and `impl=tokamax`: per-device FLOPs, temporaries a
 calls from the TPU compiler. tokamax picks its Mosaic TPU kernel from JAX's default device,
 so both compile under `jax.default_device(<a compile-only v5e chip>)` (from a CPU host
 without it, `impl=tokamax` falls back to `jax.lax.ragged_dot`).
+
+Writes benchmarks/results/tpu_ragged_dot.json (`--train-step`: tpu_ragged_dot_train_step.json;
+`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 import time
 
 import jax
@@ -25,6 +29,10 @@ from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
 from moejax.kernels import megablox, tokamax_ragged
+
+sys.path.insert(0, os.path.dirname(__file__))
+from aot_compile_time import _set
+from common import write_result
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +46,7 @@ def compiled_cost(fn, args) -> tuple[float, int, list[str]]:
   return float(cost["flops"]), int(c.memory_analysis().temp_size_in_bytes), targets
 
 
-def train_steps(topology: str, impls: list[str]) -> None:
+def train_steps(topology: str, impls: list[str], result: str, sets: list[str]) -> None:
   """The TPU preset's train step compiled per impl: FLOPs and bytes per device."""
   from moejax import aot, cli  # pylint: disable=import-outside-toplevel  (the tpu extra's)
 
@@ -46,9 +54,12 @@ def train_steps(topology: str, impls: list[str]) -> None:
   print(f"configs/study_calibration.py:tpu train step on {topology} ({target.hbm_source})")
   print("| impl | compile s | TFLOPs/device | temporaries GiB | arguments GiB | tpu custom calls |")
   print("|---|---:|---:|---:|---:|---:|")
+  rows = []
   for impl in impls:
     c = cli.load_file(os.path.join(REPO, "configs/study_calibration.py:tpu"))
     c.model.moe.impl = impl
+    for assignment in sets:
+      _set(c, assignment)
     t = time.perf_counter()
     with jax.default_device(target.devices[0]):
       abstract = aot.abstract_run(c, target)
@@ -63,6 +74,13 @@ def train_steps(topology: str, impls: list[str]) -> None:
       f"| {impl} | {seconds:.0f} | {float(cost['flops']) / 1e12:.2f} | "
       f"{m.temp_size_in_bytes / 2**30:.2f} | {m.argument_size_in_bytes / 2**30:.2f} | {calls} |"
     )
+    rows.append({
+      "impl": impl, "TFLOPs_per_device": float(cost["flops"]) / 1e12,
+      "temporaries_GiB": m.temp_size_in_bytes / 2**30,
+      "arguments_GiB": m.argument_size_in_bytes / 2**30, "tpu_custom_calls": calls,
+      "compile_s": seconds,
+    })  # fmt: skip
+  write_result(result, {"rows": rows, "topology": topology, "scan_layers": c.model.scan_layers})
 
 
 def main() -> None:
@@ -74,9 +92,11 @@ def main() -> None:
   p.add_argument("--train-step", action="store_true", help="the TPU preset's step per impl")
   p.add_argument("--topology", default="v5e:4x4")
   p.add_argument("--impls", default="megablox,tokamax")
+  p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
+  p.add_argument("--set", action="append", default=[], help="--train-step: KEY=VALUE override")
   a = p.parse_args()
   if a.train_step:
-    train_steps(a.topology, a.impls.split(","))
+    train_steps(a.topology, a.impls.split(","), a.result or "tpu_ragged_dot_train_step", a.set)
     return
   topo = topologies.get_topology_desc(
     platform="tpu", topology_name="v5e:2x2", chips_per_host_bounds=(2, 2, 1)
@@ -94,12 +114,18 @@ def main() -> None:
   print(f"rows {M}, d_model {D}, d_expert {F}, E {E}; ideal 2·M·D·F = {2 * M * D * F:.3g} FLOPs")
   print("| kernel | pass | FLOPs | / ideal | temp bytes | custom calls |")
   print("|---|---|---:|---:|---:|---|")
+  rows = []
   for name, fn in (("ragged_dot", ragged), ("megablox", gmm), ("tokamax", tokamax)):
     for part, f in (("forward", fn), ("dx", jax.grad(fn, 0)), ("dW", jax.grad(fn, 1))):
       with jax.default_device(topo.devices[0]):  # tokamax: its Mosaic TPU kernel
         flops, temp, targets = compiled_cost(f, args)
       ratio = flops / (2 * M * D * F)
       print(f"| {name} | {part} | {flops:.3g} | {ratio:.1f} | {temp:,} | {', '.join(targets)} |")
+      rows.append({
+        "kernel": name, "pass": part, "FLOPs": flops, "over_ideal": ratio, "temp_bytes": temp,
+        "custom_calls": ", ".join(targets),
+      })  # fmt: skip
+  write_result(a.result or "tpu_ragged_dot", {"rows": rows, "ideal_FLOPs": float(2 * M * D * F)})
 
 
 if __name__ == "__main__":

@@ -99,10 +99,10 @@ IMPLS = ("auto", *KERNELS)
 EXPORT_DISABLED_CHECKS = tokamax_ragged.EXPORT_DISABLED_CHECKS
 
 # `auto` per mode and platform: CUDA `tokamax` (dropless) and `batched` (capacity), the
-# kernels whose compiled program fits with no per-block while loop; TPU `megablox` (ragged_dot's
-# dW expands over all E groups, and megablox follows the lowering platform); CPU `native` where
-# built, else `fused`; ROCm and the rest `fused`. The evidence (compile-only, not device timings:
-# benchmarks/gpu_kernels_compile.py, tpu_ragged_dot.py, moe_layer.py) is in docs/performance.md.
+# kernels that compile with no per-block while loop; TPU `megablox`, whose kernel follows the
+# lowering platform (so a CPU host's AOT compile is what the TPU runs); CPU `native` where
+# built, else `fused`; ROCm and the rest `fused`. The compile figures behind it (not device
+# timings) are in docs/performance.md, from benchmarks/gpu_kernels_compile.py, tpu_ragged_dot.py.
 CPU_AUTO = "native" if native_loader.available() else "fused"
 AUTO: dict[str, dict[str, str]] = {
   "dropless": {"cpu": CPU_AUTO, "cuda": "tokamax", "rocm": "fused", "tpu": "megablox"},
