@@ -138,7 +138,8 @@ def abstract_model(
   `model.scan_unroll=auto` is resolved for it."""
   mc = model_config(c, vocab_size)
   if platform is not None:
-    mc = dataclasses.replace(mc, scan_unroll=stack.resolved_unroll(mc.scan_unroll, platform))
+    unroll = stack.resolved_unroll(mc.scan_unroll, mc.remat, platform)
+    mc = dataclasses.replace(mc, scan_unroll=unroll)
   return abstract_transformer(mc)
 
 
