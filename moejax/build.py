@@ -138,8 +138,7 @@ def abstract_model(
   `model.scan_unroll=auto` is resolved for it."""
   mc = model_config(c, vocab_size)
   if platform is not None:
-    unroll = stack.resolved_unroll(mc.scan_unroll, mc.remat, platform)
-    mc = dataclasses.replace(mc, scan_unroll=unroll)
+    mc = dataclasses.replace(mc, scan_unroll=stack.resolved_unroll(mc.scan_unroll, platform))
   return abstract_transformer(mc)
 
 

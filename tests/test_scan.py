@@ -270,6 +270,5 @@ def test_scan_unroll_decides_whether_the_compiled_forward_loops(unroll, loops):
   fwd = jax.jit(lambda s: nnx.merge(graphdef, s)(tokens)[0])
   layer_loops = [lp for lp in loops_lib.report(fwd.lower(state).compile()) if lp.kind == "layers"]
   assert len(layer_loops) == (1 if loops else 0)  # (3, 0, 1): one segment of 3 MoE blocks
-  assert stack.resolved_unroll("auto", "none", "tpu") == "loop"
-  assert stack.resolved_unroll("auto", "none", "cpu") == "unroll"
-  assert stack.resolved_unroll("auto", "full", "cpu") == "loop"  # remat keeps its memory
+  assert stack.resolved_unroll("auto", "tpu") == "loop"
+  assert stack.resolved_unroll("auto", "cpu") == "unroll"

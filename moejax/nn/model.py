@@ -66,9 +66,7 @@ class ModelConfig:
     True, "the layer stack as lax.scans over stacked parameters (moejax.nn.stack)"
   )
   scan_unroll: str = key(
-    "auto",
-    "scan_layers: each segment as a loop, or written out (auto: on CPU with remat none)",
-    stack.UNROLL,
+    "auto", "scan_layers: each segment as a loop, or written out (auto: on CPU)", stack.UNROLL
   )
   not_modelled: str = key(
     "", "what the source architecture has that this model lacks (the worksheet prints it)"
@@ -251,18 +249,13 @@ class Transformer(nnx.Module):
         routers[i] = out
     return x_BxLxD, routers
 
-  @property
-  def unrolls(self) -> bool:
-    """Whether each segment's repeats are written out (`model.scan_unroll`, `stack.unrolls`)."""
-    return stack.unrolls(self.cfg.scan_unroll, self.cfg.remat)
-
   def _scanned(self, x_BxLxD, positions_BxL, train, rng, ov):
     """Each segment as one scan over its periods (`stack.run_segment`)."""
     call = remat.block_call(self.cfg.remat, train=train, scanned=True)
     moe_index, routers = moe_indices(self.cfg), {}
     for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
       x_BxLxD, outs = run_segment(
-        seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index, self.unrolls
+        seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index, self.cfg.scan_unroll
       )
       routers.update(outs)
     return x_BxLxD, dict(sorted(routers.items()))
@@ -319,8 +312,8 @@ def _stack(seg: stack.Segment, blocks: list[Block]) -> Stack:
 def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll):
   """x through `seg.repeats` periods as one `lax.scan`; the scanned inputs are each
   position's parameter rows, its layer indices (layer rngs) and its MoE layers' override
-  rows. `unroll`: whether the repeats are written out (`stack.unrolls`). Returns x and the
-  MoE layers' `RouterOut`s by layer index."""
+  rows. `unroll`: `model.scan_unroll` (stack.unrolls). Returns x and the MoE layers'
+  `RouterOut`s by layer index."""
   graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
   R = seg.repeats
   layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
@@ -342,7 +335,7 @@ def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_
 
   xs = (tuple(states), layers_RxP, rows)
   with jax.named_scope(LAYER_SCAN_SCOPE):  # how the loop report (aot.loops) names these loops
-    steps = R if unroll else 1
+    steps = R if stack.unrolls(unroll) else 1
     x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R, unroll=steps)
   routers = {}
   for j, out in enumerate(outs_P):

@@ -27,24 +27,19 @@ import jax
 
 # `model.scan_unroll`: how a segment's repeats run. `loop`: one loop (a while loop whose body
 # the compiler sees once); `unroll`: written out (lax.scan's unroll=repeats), the same stacked
-# parameters; `auto`: written out on CPU without a remat policy, a loop otherwise. On XLA:CPU
-# the loop costs an MoE train step time (the stacked buffers' zero fill and copies), and
-# written out, a remat policy loses its memory (a 4-layer gradient's temporaries with
-# remat=full: 23.7 MB written out, 10.5 MB as a loop; docs/performance.md).
+# parameters; `auto`: unroll on CPU, loop elsewhere. On XLA:CPU the loop costs an MoE train
+# step about 20% (docs/performance.md: the stacked buffers' zero fill and copies).
 UNROLL = ("auto", "loop", "unroll")
 
 
-def unrolls(setting: str, remat: str, platform: str | None = None) -> bool:
+def unrolls(setting: str, platform: str | None = None) -> bool:
   """Whether a segment's repeats are written out on `platform` (default: this host's)."""
-  on_cpu = (platform or jax.default_backend()) == "cpu"
-  return setting == "unroll" or (setting == "auto" and on_cpu and remat == "none")
+  return setting == "unroll" or (setting == "auto" and (platform or jax.default_backend()) == "cpu")
 
 
-def resolved_unroll(setting: str, remat: str, platform: str) -> str:
+def resolved_unroll(setting: str, platform: str) -> str:
   """`setting` with `auto` made explicit for `platform` (a program traced for another)."""
-  if setting != "auto":
-    return setting
-  return "unroll" if unrolls(setting, remat, platform) else "loop"
+  return setting if setting != "auto" else ("unroll" if unrolls(setting, platform) else "loop")
 
 
 class Segment(NamedTuple):
