@@ -18,7 +18,7 @@ import ml_collections
 from flax import nnx
 
 from moejax.errors import UserError
-from moejax.nn import routing, stack
+from moejax.nn import routing
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import ModelConfig, Transformer
 from moejax.nn.moe import MoEConfig
@@ -130,16 +130,9 @@ def build_model(c: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
   return transformer(model_config(c, vocab_size), c.train.seed)
 
 
-def abstract_model(
-  c: ml_collections.ConfigDict, vocab_size: int, platform: str | None = None
-) -> Transformer:
-  """The same model with `jax.ShapeDtypeStruct` leaves: shapes for a restore, no memory.
-  `platform`: the one its programs are traced for, when not this host's (moejax.aot):
-  `model.scan_unroll=auto` is resolved for it."""
-  mc = model_config(c, vocab_size)
-  if platform is not None:
-    mc = dataclasses.replace(mc, scan_unroll=stack.resolved_unroll(mc.scan_unroll, platform))
-  return abstract_transformer(mc)
+def abstract_model(c: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+  """The same model with `jax.ShapeDtypeStruct` leaves: shapes for a restore, no memory."""
+  return abstract_transformer(model_config(c, vocab_size))
 
 
 def abstract_params(mc: ModelConfig) -> nnx.State:

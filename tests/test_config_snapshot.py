@@ -47,8 +47,6 @@ def _resolve(spec: str) -> dict:
 ADDED = {
   ("config", "model", "scan_layers"): True,
   ("model", "scan_layers"): True,
-  ("config", "model", "scan_unroll"): "auto",
-  ("model", "scan_unroll"): "auto",
   ("model", "not_modelled"): lambda got: got["config"]["model"]["not_modelled"],
 }
 

@@ -69,7 +69,7 @@ def _grad_loops(scan: bool) -> tuple:
   `fused` dispatch's block loop in each MoE layer's forward and backward."""
   c = config_lib.base_config()
   c.model.update(d_model=16, n_layers=5, n_heads=2, n_kv_heads=1, d_ff=24, first_dense=2)
-  c.model.update(scan_layers=scan, scan_unroll="loop")  # the loop accelerators run
+  c.model.update(scan_layers=scan)
   c.model.moe.update(n_experts=4, top_k=2, d_expert=8, impl="fused")
   graphdef, params, router = step_lib.split_model(build.abstract_model(c, 32))
   fn = jax.value_and_grad(step_lib.forward_loss, argnums=1, has_aux=True)

@@ -15,7 +15,6 @@ from failure_helpers import tiny
 from flax import nnx
 
 from moejax import build
-from moejax.aot import loops as loops_lib
 from moejax.errors import UserError
 from moejax.nn import stack
 from moejax.nn.model import ModelConfig, Transformer, moe_biases
@@ -47,10 +46,7 @@ def test_segments_place_every_layer_as_written_out(shape):
 
 
 def config(shape, scan: bool, **kw) -> ModelConfig:
-  """Scanned arms run their segments as loops (`scan_unroll="loop"`, what accelerators run;
-  `auto` would write them out on this CPU) unless `scan_unroll` says otherwise."""
   n, first_dense, moe_every = shape
-  kw.setdefault("scan_unroll", "loop")
   moe = MoEConfig(d_model=32, n_experts=4, top_k=2, d_expert=16, **kw.pop("moe", {}))
   return ModelConfig(
     vocab_size=40,
@@ -107,7 +103,6 @@ CASES = {
   "capacity": {"moe": {"dispatch": "capacity", "capacity_factor": 1.0}},
   "elastic": {"moe": {"train_k": "uniform", "train_k_scope": "token"}},
   "random_second": {"moe": {"second_expert": "random", "jitter_eps": 0.1}},
-  "unroll": {"scan_unroll": "unroll"},  # the scanned arm's repeats written out (CPU's auto)
 }
 
 
@@ -245,30 +240,11 @@ def test_weight_decay_masks_the_same_parameters_in_both_layouts():
     params = nnx.state(model, nnx.Param)
     mask = optim.decay_mask(params)
     masks[scan] = by_layer(jax.tree.map(lambda p, m: np.full(p.shape, m), params, mask), shape)
-  unrolled = by_layer(
-    nnx.state(
-      Transformer(config(shape, False, qk_norm=True, qkv_bias=True), rngs=nnx.Rngs(0)), nnx.Param
-    ),
-    shape,
-  )
+  unrolled = by_layer(nnx.state(Transformer(config(shape, False, qk_norm=True, qkv_bias=True),
+                                            rngs=nnx.Rngs(0)), nnx.Param), shape)
   want = {name: np.full(a.shape, a.ndim >= 2) for name, a in unrolled.items()}
   assert any(not m.any() for m in want.values()) and any(m.all() for m in want.values())
   for scan in (False, True):
     assert masks[scan].keys() == want.keys()
     for name in want:
       np.testing.assert_array_equal(masks[scan][name], want[name], err_msg=f"{scan} {name}")
-
-
-@pytest.mark.parametrize("unroll,loops", [("loop", True), ("unroll", False), ("auto", False)])
-def test_scan_unroll_decides_whether_the_compiled_forward_loops(unroll, loops):
-  """`model.scan_unroll`: a while loop over the layers in the compiled program, or none; on
-  this CPU `auto` writes the repeats out. For a TPU target `auto` is a loop (tests/test_fit.py
-  compiles the presets; `build.abstract_model` resolves it for the target's platform)."""
-  cfg = config((3, 0, 1), True, scan_unroll=unroll)
-  graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-  tokens = jnp.zeros((1, 8), jnp.int32)
-  fwd = jax.jit(lambda s: nnx.merge(graphdef, s)(tokens)[0])
-  layer_loops = [lp for lp in loops_lib.report(fwd.lower(state).compile()) if lp.kind == "layers"]
-  assert len(layer_loops) == (1 if loops else 0)  # (3, 0, 1): one segment of 3 MoE blocks
-  assert stack.resolved_unroll("auto", "tpu") == "loop"
-  assert stack.resolved_unroll("auto", "cpu") == "unroll"

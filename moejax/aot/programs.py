@@ -83,8 +83,7 @@ def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
   validate(c)
   mesh = trainer.check_config(c, target_mesh(c, target))
   vocab, _ = worksheet.nominal_vocab(c)
-  abstract = build.abstract_model(c, vocab, platform=target.platform)
-  graphdef, params, router = step_lib.split_model(abstract)
+  graphdef, params, router = step_lib.split_model(build.abstract_model(c, vocab))
   tx, schedule = optim.optimizer(c)
   state = {
     "step": jax.ShapeDtypeStruct((), jnp.int32),

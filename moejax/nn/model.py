@@ -65,9 +65,6 @@ class ModelConfig:
   scan_layers: bool = key(
     True, "the layer stack as lax.scans over stacked parameters (moejax.nn.stack)"
   )
-  scan_unroll: str = key(
-    "auto", "scan_layers: each segment as a loop, or written out (auto: on CPU)", stack.UNROLL
-  )
   not_modelled: str = key(
     "", "what the source architecture has that this model lacks (the worksheet prints it)"
   )
@@ -254,9 +251,7 @@ class Transformer(nnx.Module):
     call = remat.block_call(self.cfg.remat, train=train, scanned=True)
     moe_index, routers = moe_indices(self.cfg), {}
     for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
-      x_BxLxD, outs = run_segment(
-        seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index, self.cfg.scan_unroll
-      )
+      x_BxLxD, outs = run_segment(seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index)
       routers.update(outs)
     return x_BxLxD, dict(sorted(routers.items()))
 
@@ -309,11 +304,10 @@ def _stack(seg: stack.Segment, blocks: list[Block]) -> Stack:
   return Stack(stacked)
 
 
-def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll):
+def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index):
   """x through `seg.repeats` periods as one `lax.scan`; the scanned inputs are each
   position's parameter rows, its layer indices (layer rngs) and its MoE layers' override
-  rows. `unroll`: `model.scan_unroll` (stack.unrolls). Returns x and the MoE layers'
-  `RouterOut`s by layer index."""
+  rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
   graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
   R = seg.repeats
   layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
@@ -335,8 +329,7 @@ def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_
 
   xs = (tuple(states), layers_RxP, rows)
   with jax.named_scope(LAYER_SCAN_SCOPE):  # how the loop report (aot.loops) names these loops
-    steps = R if stack.unrolls(unroll) else 1
-    x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R, unroll=steps)
+    x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R)
   routers = {}
   for j, out in enumerate(outs_P):
     for r in range(R) if out is not None else ():

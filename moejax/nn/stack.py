@@ -23,24 +23,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
-
-# `model.scan_unroll`: how a segment's repeats run. `loop`: one loop (a while loop whose body
-# the compiler sees once); `unroll`: written out (lax.scan's unroll=repeats), the same stacked
-# parameters; `auto`: unroll on CPU, loop elsewhere. On XLA:CPU the loop costs an MoE train
-# step about 20% (docs/performance.md: the stacked buffers' zero fill and copies).
-UNROLL = ("auto", "loop", "unroll")
-
-
-def unrolls(setting: str, platform: str | None = None) -> bool:
-  """Whether a segment's repeats are written out on `platform` (default: this host's)."""
-  return setting == "unroll" or (setting == "auto" and (platform or jax.default_backend()) == "cpu")
-
-
-def resolved_unroll(setting: str, platform: str) -> str:
-  """`setting` with `auto` made explicit for `platform` (a program traced for another)."""
-  return setting if setting != "auto" else ("unroll" if unrolls(setting, platform) else "loop")
-
 
 class Segment(NamedTuple):
   """`repeats` runs of a period of blocks; `moe[j]`: whether position j is an MoE block."""
