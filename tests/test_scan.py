@@ -106,7 +106,10 @@ CASES = {
 }
 
 
-BITWISE_GRADS = ("remat_full", "remat_minimal")  # the same jax.checkpoint in both layouts
+# The same jax.checkpoint in both layouts: bitwise on jax 0.11 (XLA:CPU schedules the two
+# backward programs alike); on jax 0.10.2 one layer's router kernel and norm scale differ by
+# 3.5e-8 and 1.2e-8 relative (measured), float32 rounding, held by the rtol below.
+BITWISE_GRADS = ("remat_full", "remat_minimal") if jax.__version_info__ >= (0, 11) else ()
 
 
 @pytest.mark.parametrize("shape", [(3, 0, 1), (6, 1, 2)])
