@@ -41,7 +41,9 @@ outputs + temporaries − aliased). An arm that fails (e.g. out of memory) is re
 its error, not fatal. Arms run within `--budget-s` (default 280 s, so the whole command
 stays under 5 minutes), each within `--arm-timeout`; arms past the budget are listed as
 skipped. `--xla-cache DIR` keeps compiles for a rerun. MFU and TFLOPS/device use
-`moejax.sizing.flops` (PaLM's model FLOPs). Writes OUT.json and OUT.md and prints the table.
+`moejax.sizing.flops` (PaLM's model FLOPs). Writes OUT.json and OUT.md, prints the table, and
+writes the figures to benchmarks/results/accelerator_<device kind>.json (`--compile-only T`:
+accelerator_compile_<T>.json; `--result NAME` for another name, `--no-result` for none).
 """
 
 from __future__ import annotations
@@ -50,13 +52,14 @@ import argparse
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved_min
+from common import interleaved_min, write_result
 from train_step import dense_twin
 
 RAGGED_FUSION_FLAG = "--xla_gpu_experimental_use_ragged_dot_fusion=true"
@@ -410,11 +413,21 @@ HEADER = (
 )
 
 
-def table_row(r: dict) -> str:
+def shape_text(r: dict) -> str:
+  """An arm's E/K/f, or its d_ff for the dense twin."""
   shape = r["shape"]
-  ekf = f"dense d_ff {r['d_ff']}" if r["model"] == "dense" and r.get("d_ff") else ""
-  if not ekf and shape:
-    ekf = f"{shape['n_experts']}/{shape['top_k']}/{shape['d_expert']}"
+  if r["model"] == "dense" and r.get("d_ff"):
+    return f"dense d_ff {r['d_ff']}"
+  return f"{shape['n_experts']}/{shape['top_k']}/{shape['d_expert']}" if shape else ""
+
+
+def kernels_text(r: dict) -> str:
+  """`--compile-only`: the kernels the arm's compiled step holds, with their counts."""
+  return ", ".join(f"{k} {n}" for k, n in sorted(r.get("kernels", {}).items()))
+
+
+def table_row(r: dict) -> str:
+  ekf = shape_text(r)
   mode = r.get("mode", "dropless") if r["model"] != "dense" else "—"
   if r.get("error"):
     return (
@@ -422,9 +435,8 @@ def table_row(r: dict) -> str:
     )
   note = "XLA_FLAGS " + r["xla_flags"] if r["xla_flags"] else ""
   if r.get("step_s") is None:  # --compile-only
-    kernels = ", ".join(f"{k} {n}" for k, n in sorted(r.get("kernels", {}).items()))
     fit = "fits" if r.get("fits") else "DOES NOT FIT"
-    note = "; ".join(s for s in (fit, kernels, f"{r.get('loops', 0)} loops", note) if s)
+    note = "; ".join(s for s in (fit, kernels_text(r), f"{r.get('loops', 0)} loops", note) if s)
     return (
       f"| {r['name']} | {ekf} | {mode} | {r['impl'] or '—'} | — | — | — | "
       f"{_bytes(r['peak_bytes'])} ({r['peak_source']}) | {r['compile_s']:.1f} | {note} |"
@@ -470,6 +482,36 @@ def write(report: dict, out: str) -> tuple[str, str]:
   return f"{stem}.json", f"{stem}.md"
 
 
+ROW_FIGURES = ("name", "E/K/f", "mode", "impl", "tokens_per_s", "step_s", "tflops_per_device",
+               "mfu", "peak_GiB", "peak_source", "compile_s", "fits", "loops", "kernels",
+               "xla_flags", "error")  # fmt: skip
+PROBE_FIGURES = ("platform", "device_kind", "n_devices", "compile_only", "peak_bf16_tflops",
+                 "auto_impl")  # fmt: skip
+
+
+def result_row(r: dict) -> dict:
+  """One arm's figures, flat: those of ROW_FIGURES it has (an arm that failed: its error)."""
+  flat = {**r, "E/K/f": shape_text(r)}
+  if "peak_bytes" in r:
+    flat["peak_GiB"] = r["peak_bytes"] / 2**30
+  if "kernels" in r:
+    flat["kernels"] = kernels_text(r)
+  return {k: flat[k] for k in ROW_FIGURES if k in flat}
+
+
+def result_figures(report: dict) -> dict:
+  """The report as benchmarks/results/ figures: a row per arm, the probe's and shape's scalars."""
+  probe = {k: report["probe"].get(k) for k in PROBE_FIGURES}
+  rows = [result_row(r) for r in report["arms"]]
+  return {"rows": rows, **probe, **report["shape"], "total_s": report["seconds"]}
+
+
+def result_name(args, device_kind: str) -> str:
+  """`--result`, else accelerator_<device kind> (--compile-only: accelerator_compile_<target>)."""
+  kind = f"compile_{args.compile_only}" if args.compile_only else device_kind
+  return args.result or "accelerator_" + re.sub(r"\W+", "_", kind).strip("_").lower()
+
+
 SHAPE_FLAGS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "vocab", "seq_len", "batch")
 
 
@@ -503,6 +545,12 @@ def parser() -> argparse.ArgumentParser:
     default="",
     help="compile every arm for compile-only devices (h100:1, v5e:2x2) from this host; no timing",
   )
+  p.add_argument(
+    "--result",
+    default="",
+    help="benchmarks/results/<NAME>.json (default: accelerator_<device kind>)",
+  )
+  p.add_argument("--no-result", action="store_true", help="write no benchmarks/results/ file")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
   return p
@@ -568,6 +616,8 @@ def main() -> None:
   }
   for path in write(report, args.out):
     print(f"wrote {path}")
+  if not args.no_result:
+    write_result(result_name(args, info["device_kind"]), result_figures(report))
 
 
 if __name__ == "__main__":

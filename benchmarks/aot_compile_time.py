@@ -8,16 +8,23 @@ compiler's bytes per device: what one program costs the sweep precheck (launch/p
 
 Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
 `--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
-one process, and prints the compile ratio scanned/unrolled.
+one process, and prints the compile ratio scanned/unrolled. Writes
+benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
+(`--result NAME` for another name).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 from moejax import aot, cli
 from moejax.aot import programs
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_result
 
 
 def _set(c, assignment: str) -> None:
@@ -45,27 +52,31 @@ def main() -> None:
   p.add_argument(
     "--layouts", default="", help="scanned,unrolled: compile each model.scan_layers value"
   )
+  p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   c = cli.load_file(args.config)
   for assignment in args.set:
     _set(c, assignment)
   target = aot.tpu_target(args.topology) if args.topology else aot.gpu_target(args.gpu)
   layouts = [v for v in args.layouts.split(",") if v]
-  if not layouts:
-    measure(c, target, args)
-    return
-  cpu = {}
-  for layout in layouts:
-    c.model.scan_layers = {"scanned": True, "unrolled": False}[layout]
-    print(f"[{layout}]")
-    cpu[layout] = measure(c, target, args)
-  if len(cpu) == 2:
-    a, b = layouts
-    print(f"compile CPU-s {a}/{b}: {cpu[a] / cpu[b]:.2f}")
+  figures = {"config": args.config, "target": target.name, "set": " ".join(args.set)}
+  rows = []
+  for layout in layouts or [""]:
+    if layout:
+      c.model.scan_layers = {"scanned": True, "unrolled": False}[layout]
+      print(f"[{layout}]")
+    scan = "scanned" if c.model.scan_layers else "unrolled"
+    rows.append({"layout": scan, **measure(c, target, args)})
+  if len(rows) == 2:
+    (a, ra), (b, rb) = ((r["layout"], r["compile_cpu_s"]) for r in rows)
+    print(f"compile CPU-s {a}/{b}: {ra / rb:.2f}")
+    figures[f"compile_cpu_{a}_over_{b}"] = ra / rb
+  name = args.result or f"aot_compile_time_{target.name.replace(':', '_')}"
+  write_result(name, {"rows": rows, **figures})
 
 
-def measure(c, target, args) -> float:
-  """Lowers and compiles the train step of `c` for `target`; prints and returns compile CPU-s."""
+def measure(c, target, args) -> dict:
+  """Lowers and compiles the train step of `c` for `target`; prints and returns its figures."""
 
   def lower():
     abstract = programs.abstract_run(c, target)
@@ -82,7 +93,11 @@ def measure(c, target, args) -> float:
     f"  per device: temporaries {ma.temp_size_in_bytes / 2**30:.3f} GiB, "
     f"arguments {ma.argument_size_in_bytes / 2**30:.3f} GiB"
   )
-  return compile_cpu
+  return {
+    "lower_cpu_s": lower_cpu, "lower_s": lower_wall, "compile_cpu_s": compile_cpu,
+    "compile_s": compile_wall, "temporaries_GiB": ma.temp_size_in_bytes / 2**30,
+    "arguments_GiB": ma.argument_size_in_bytes / 2**30,
+  }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ two docs are equal) into JSONL files of about SIZE MB, read as the TPU preset re
 (`configs/study_calibration.py:tpu`: files, a 32k BPE, seq_len 1024, batch 256). Every arm
 runs in its own subprocess, so its peak RSS (getrusage) is its own. The compression check
 fits the 32k BPE on a 1/10 sample and on all train docs of the first size and compares the
-held-out tokens.
+held-out tokens. Writes benchmarks/results/data_pipeline.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -30,9 +30,13 @@ from moejax.data import prepare as prepare_lib
 from moejax.distributed import Shard
 from moejax.sizing import flops
 
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_result
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "configs/study_calibration.py:tpu"
 V5E_PEAK, CHIPS_PER_HOST = 197e12, 4  # bf16 FLOP/s per v5e chip; a v5e-16 host has 4 chips
+UNITS = {"iter_full_batch": "iter_full_batch_tok_s", "iter_per_host": "iter_per_host_tok_s"}
 
 
 def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
@@ -148,6 +152,16 @@ def preset_tokens_per_host(mfu: float) -> float:
   return mfu * V5E_PEAK * CHIPS_PER_HOST / per_token
 
 
+def result_rows(results: dict) -> list[dict]:
+  """One flat row per (corpus size, arm), the imports floor first; keys named with units."""
+  arms = [(None, "imports", results["imports"])]
+  arms += [(mb, name, r) for mb, rs in results.items() if mb != "imports" for name, r in rs.items()]
+  return [
+    {"size_MB": mb, "arm": name, **{UNITS.get(k, k): v for k, v in r.items()}}
+    for mb, name, r in arms
+  ]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--sizes", default="50,500")
@@ -159,6 +173,7 @@ def main() -> None:
   ap.add_argument("--paths", default="")
   ap.add_argument("--out", default="")
   ap.add_argument("--extra", default="{}")
+  ap.add_argument("--result", default="data_pipeline", help="benchmarks/results/<NAME>.json")
   args = ap.parse_args()
   if args.arm:
     print(json.dumps(arm(args)))
@@ -179,6 +194,8 @@ def main() -> None:
     print(json.dumps({mb: r}), flush=True)
   per_host = preset_tokens_per_host(args.mfu)
   print(json.dumps({"imports": results["imports"], "preset_tokens_per_host": per_host}))
+  figures = {"rows": result_rows(results), "preset_tokens_per_s_per_host": per_host}
+  write_result(args.result, {**figures, "mfu": args.mfu})
 
 
 if __name__ == "__main__":

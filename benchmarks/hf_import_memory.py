@@ -6,7 +6,7 @@
 `make` builds the model with transformers' own OlmoeConfig (random weights, bfloat16,
 100 MB shards) and a character-level tokenizer.json, so nothing is downloaded. The report
 is the "Maximum resident set size" line of /usr/bin/time -v against `float32 size`, which
-`make` prints.
+`make` prints and writes to benchmarks/results/hf_import_memory.json.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_result
 
 SHAPE = {
   "vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -35,7 +38,7 @@ def write_tokenizer(directory: str) -> None:
     json.dump({"eos_token": "<eos>"}, f)
 
 
-def make(directory: str) -> None:
+def make(directory: str) -> dict:
   import torch
   import transformers
 
@@ -51,9 +54,19 @@ def make(directory: str) -> None:
     f"{directory}: {n:,} params, float32 size {4 * n / 2**20:.0f} MiB, "
     f"{len(shards)} bf16 shards, largest {biggest / 2**20:.0f} MiB"
   )
+  return {
+    "params": n,
+    "float32_MiB": 4 * n / 2**20,
+    "bf16_shards": len(shards),
+    "largest_shard_MiB": biggest / 2**20,
+  }
+
+
+def main() -> None:
+  if len(sys.argv) != 3 or sys.argv[1] != "make":
+    sys.exit(__doc__)
+  write_result("hf_import_memory", make(sys.argv[2]))
 
 
 if __name__ == "__main__":
-  if len(sys.argv) != 3 or sys.argv[1] != "make":
-    sys.exit(__doc__)
-  make(sys.argv[2])
+  main()

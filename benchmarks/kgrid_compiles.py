@@ -5,11 +5,14 @@ evaluator) vs moejax.kgrid's traced k2 and routed scale (one per k1 and k2 famil
 
 DIR is a trained run (e.g. tests' tiny config). Both variants run in this process on the
 same restored parameters and held-out batches; the printed ratio is per-cell over shared.
+Writes benchmarks/results/kgrid_compiles.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import jax
@@ -21,6 +24,9 @@ from moejax.kgrid import loading
 from moejax.kgrid.forward import CellForward
 from moejax.nn.overrides import Overrides
 from moejax.training import step as step_lib
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_result
 
 _COMPILES: list[float] = []
 
@@ -37,6 +43,19 @@ def _measure(fn) -> tuple[int, float, float]:
   return len(_COMPILES) - start, sum(_COMPILES[start:]), time.perf_counter() - t0
 
 
+def report(results: dict) -> dict:
+  """Prints each variant's compiles and seconds and the ratios per-cell/shared; returns them."""
+  rows = []
+  for name, (n, secs, wall) in results.items():
+    print(f"{name:9s}: {n:3d} compiles, {secs:6.2f} s compiling, {wall:6.2f} s wall")
+    rows.append({"variant": name, "compiles": n, "compiling_s": secs, "wall_s": wall})
+  (n0, _, w0), (n1, _, w1) = results["per-cell"], results["shared"]
+  print(f"ratio per-cell/shared: compiles {n0 / max(n1, 1):.2f}x, wall {w0 / w1:.2f}x")
+  assert np.isfinite(w0 + w1)
+  ratios = {"compiles_per_cell_over_shared": n0 / max(n1, 1), "wall_per_cell_over_shared": w0 / w1}
+  return {"rows": rows, **ratios}
+
+
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--workdir", required=True)
@@ -44,6 +63,7 @@ def main() -> None:
   ap.add_argument("--k2", default="native,k1,K,2K,E")
   ap.add_argument("--sequences", type=int, default=16)
   ap.add_argument("--batch_size", type=int, default=8)
+  ap.add_argument("--result", default="kgrid_compiles", help="benchmarks/results/<NAME>.json")
   args = ap.parse_args()
   jax.monitoring.register_event_duration_secs_listener(_listen)
   c = loading.load_config(args.workdir)
@@ -70,11 +90,8 @@ def main() -> None:
   shapes = len({b.shape for b in batches})
   print(f"{len(cells)} cells, k1 {k1s}, {len(batches)} batches ({shapes} shape(s))")
   results = {name: _measure(fn) for name, fn in (("per-cell", per_cell), ("shared", shared))}
-  for name, (n, secs, wall) in results.items():
-    print(f"{name:9s}: {n:3d} compiles, {secs:6.2f} s compiling, {wall:6.2f} s wall")
-  (n0, _, w0), (n1, _, w1) = results["per-cell"], results["shared"]
-  print(f"ratio per-cell/shared: compiles {n0 / max(n1, 1):.2f}x, wall {w0 / w1:.2f}x")
-  assert np.isfinite(w0 + w1)
+  grid = {"cells": len(cells), "k1": ",".join(map(str, k1s)), "batches": len(batches)}
+  write_result(args.result, {**report(results), **grid})
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Multiplies R = 16384 rows of width d = 128 by a [128, 64] expert matrix (the stu
 gate/up projection), as one large dot, as a batched einsum over 64 equal experts (no
 padding: a perfectly balanced router), and as a `fori_loop` over blocks of B rows each with
 its own expert (what `moejax/kernels/grouped.py` does), printing GFLOP/s of each, measured
-interleaved in one process.
+interleaved in one process. Writes benchmarks/results/loop_dot.json.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import interleaved_min
+from common import interleaved_min, write_result
 
 R, D, N, E = 16384, 128, 64, 64
 
@@ -55,8 +55,10 @@ def main() -> None:
   flops = 2 * R * D * N
   print(f"backend={jax.default_backend()} R={R} d={D} n={N} E={E}")
   print("| computation | ms | GFLOP/s |\n|---|---:|---:|")
-  for k, v in t.items():
-    print(f"| {k} | {v * 1e3:.2f} | {flops / v / 1e9:.1f} |")
+  rows = [{"computation": k, "ms": v * 1e3, "GFLOP_per_s": flops / v / 1e9} for k, v in t.items()]
+  for r in rows:
+    print(f"| {r['computation']} | {r['ms']:.2f} | {r['GFLOP_per_s']:.1f} |")
+  write_result("loop_dot", {"rows": rows, "R": R, "d": D, "n": N, "E": E, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

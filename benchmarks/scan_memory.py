@@ -4,12 +4,15 @@ Run: python benchmarks/scan_memory.py
 A bf16 MoE (d_model 256, 4 layers, E 16 of width 128, top-4, batch 32 x 128) with FSDP over
 8 host devices, compiled by the trainer's own `compile_steps`, for each `model.remat`
 policy in both layouts. XLA:CPU's memory_analysis() is exact for that program; it is the
-cheap stand-in for the TPU/GPU compiles (benchmarks/aot_compile_time.py --layouts).
+cheap stand-in for the TPU/GPU compiles (benchmarks/aot_compile_time.py --layouts). Writes
+benchmarks/results/scan_memory.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
@@ -18,6 +21,9 @@ import jax
 from moejax import config as config_lib
 from moejax import sharding
 from moejax.training import trainer
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import write_result
 
 
 def temporaries_mib(scan: bool, remat: str) -> float:
@@ -38,11 +44,16 @@ def temporaries_mib(scan: bool, remat: str) -> float:
 
 
 def main() -> None:
+  argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
   print("| remat | unrolled MiB | scanned MiB | scanned/unrolled |")
   print("|---|---:|---:|---:|")
+  rows = []
   for remat in ("none", "full", "minimal"):
     u, s = temporaries_mib(False, remat), temporaries_mib(True, remat)
     print(f"| {remat} | {u:.1f} | {s:.1f} | {s / u:.2f} |")
+    row = {"remat": remat, "unrolled_MiB": u, "scanned_MiB": s}
+    rows.append({**row, "scanned_over_unrolled": s / u})
+  write_result("scan_memory", {"rows": rows})
 
 
 if __name__ == "__main__":

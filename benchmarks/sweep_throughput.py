@@ -9,7 +9,8 @@ grid, in alternating rounds (ABAB) so a busy machine slows both arms alike:
   pinned   two at once, each pinned to its own `--cores-per-run` cores (affinity mask; XLA
            sizes its intra-op pool from it).
 Per arm it prints the sweep's wall time, the aggregate training tokens/s while runs train
-(the sum over concurrent runs of their median logged tokens_per_sec), and the ratio.
+(the sum over concurrent runs of their median logged tokens_per_sec), and the ratio. Writes
+benchmarks/results/sweep_throughput.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)  # the sweep's config paths are relative to the repo
+
+from common import write_result
 
 from experiments.calibration import sweep as study
 from launch import commands, local
@@ -72,17 +76,11 @@ def one_arm(root: str, runs, parallel: int, cores_per_run: int) -> dict:
   }
 
 
-def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--steps", type=int, default=80)
-  p.add_argument("--rounds", type=int, default=2)
-  p.add_argument("--cores-per-run", type=int, default=1)
-  args = p.parse_args()
-  os.environ.setdefault("WANDB_MODE", "disabled")
-  runs = study_runs(args.steps)
-  arms = {"serial": (1, 0), "pinned": (2, args.cores_per_run)}
+def run_rounds(runs, arms: dict, rounds: int) -> tuple[dict[str, list[dict]], list[dict]]:
+  """Every arm once per round, printing each: ({arm: its one_arm results}, a row per arm run)."""
   results = {name: [] for name in arms}
-  for i in range(args.rounds):
+  rows = []
+  for i in range(rounds):
     for name, (parallel, cpr) in arms.items():
       with tempfile.TemporaryDirectory() as root:
         res = one_arm(root, runs, parallel, cpr)
@@ -93,12 +91,33 @@ def main() -> None:
         f"tok/s (per run {rates})  sweep {res['sweep_tok_s']:6.0f} tok/s",
         flush=True,
       )
+      totals = {k: v for k, v in res.items() if k != "per_run"}
+      rows.append({"round": i, "arm": name, **totals, "per_run_tok_s": rates})
+  return results, rows
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--steps", type=int, default=80)
+  p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--cores-per-run", type=int, default=1)
+  p.add_argument("--result", default="sweep_throughput", help="benchmarks/results/<NAME>.json")
+  args = p.parse_args()
+  os.environ.setdefault("WANDB_MODE", "disabled")
+  runs = study_runs(args.steps)
+  arms = {"serial": (1, 0), "pinned": (2, args.cores_per_run)}
+  results, rows = run_rounds(runs, arms, args.rounds)
   best = {n: min(rs, key=lambda r: r["wall_s"]) for n, rs in results.items()}
+  training = best["pinned"]["train_tok_s"] / best["serial"]["train_tok_s"]
+  faster = best["serial"]["wall_s"] / best["pinned"]["wall_s"]
   print(
     f"pinned/serial ({len(runs)} runs x {args.steps} steps, {os.cpu_count()} cores, best of "
-    f"{args.rounds}): training tokens/s {best['pinned']['train_tok_s'] / best['serial']['train_tok_s']:.2f}x, "
-    f"sweep wall time {best['serial']['wall_s'] / best['pinned']['wall_s']:.2f}x faster"
+    f"{args.rounds}): training tokens/s {training:.2f}x, sweep wall time {faster:.2f}x faster"
   )
+  sweep = {"runs": len(runs), "steps": args.steps, "cores_per_run": args.cores_per_run}
+  ratios = {"train_tok_s_pinned_over_serial": training, "wall_serial_over_pinned": faster}
+  figures = {"rows": rows, **sweep, "rounds": args.rounds, **ratios}
+  write_result(args.result, figures, argv=[__file__, *sys.argv[1:]])  # argv[0]: before chdir
 
 
 if __name__ == "__main__":

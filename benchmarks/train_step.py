@@ -6,7 +6,7 @@ prints the compile time of each, XLA's peak-memory estimate of one step compiled
 trainer runs it, with the state donated (arguments + outputs + temporaries − aliased, so it
 is per step, not per process), its activations alone (temporaries: what dispatch controls;
 the MoE's extra parameters and optimizer state are in the total) and the process's peak
-RSS.
+RSS. Writes benchmarks/results/train_step.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import interleaved_min
+from common import interleaved_min, write_result
 
 from moejax import build, sharding
 from moejax.training import step as step_lib
@@ -41,6 +41,19 @@ class Comparison(NamedTuple):
   def ratio(self, field: str) -> float:
     d = getattr(self, field)
     return d["moe"] / d["dense"]
+
+  def ratios(self) -> dict[str, float]:
+    """MoE/dense of each printed ratio, named as benchmarks/results/ name them."""
+    return {f"{name}_moe_over_dense": self.ratio(field) for name, field in RATIOS.items()}
+
+
+# The ratios printed: their names in benchmarks/results/ and the Comparison field of each.
+RATIOS = {
+  "tokens_per_s": "tokens_per_s",
+  "compile": "compile_s",
+  "step_memory": "step_bytes",
+  "activations": "temp_bytes",
+}
 
 
 def load(path: str):
@@ -118,6 +131,7 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--config", default="configs/quickstart.py")
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--result", default="train_step", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   moe_cfg = load(args.config)
   r = compare(moe_cfg, args.repeats)["moe"]
@@ -137,7 +151,25 @@ def main() -> None:
     f"step memory: moe {mb['moe']:.0f} MiB  dense {mb['dense']:.0f} MiB  "
     f"ratio {r.ratio('step_bytes'):.2f} (activations alone {r.ratio('temp_bytes'):.2f})"
   )
-  print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(f"peak RSS {rss:.0f} MiB")
+  run = {"config": args.config, "repeats": args.repeats, "peak_RSS_MiB": rss}
+  write_result(args.result, {"rows": result_rows(r), **r.ratios(), **run})
+
+
+def result_rows(r: Comparison) -> list[dict]:
+  """One row per arm (moe, dense): the figures main() prints."""
+  return [
+    {
+      "arm": arm,
+      "active_params": r.active[arm],
+      "tokens_per_s": r.tokens_per_s[arm],
+      "compile_s": r.compile_s[arm],
+      "step_MiB": r.step_bytes[arm] / 2**20,
+      "activations_MiB": r.temp_bytes[arm] / 2**20,
+    }
+    for arm in ("moe", "dense")
+  ]
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """benchmarks/render.py: docs/performance.md's measured block is the render of the committed
-benchmarks/results/*.json, every result says what ran where and when, and an edited result
-changes the render. No timing assertions: the figures are read, never measured here."""
+benchmarks/results/*.json, every result says what ran where and when, an edited result
+changes the render, and every benchmark writes its figures through `common.write_result`.
+No timing assertions: the figures are read, never measured here."""
 
 from __future__ import annotations
 
+import ast
+import glob
 import importlib.util
 import json
 import os
@@ -69,3 +72,26 @@ def test_rewriting_keeps_the_rest_of_the_page(tmp_path):
   text = page.read_text()
   assert text.startswith("# Perf\n\nprose before\n\n") and text.endswith("\n\nprose after\n")
   assert render.page_block(text) == render.render()
+
+
+NOT_BENCHMARKS = {"common.py", "render.py", "line_parity.py"}  # helpers and a comparison tool
+
+
+def _calls(path: str, name: str) -> bool:
+  """Whether the file's source calls `name(...)` or `something.name(...)`."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  return any(
+    isinstance(n, ast.Call) and name in (getattr(n.func, "id", None), getattr(n.func, "attr", None))
+    for n in ast.walk(tree)
+  )
+
+
+def test_every_benchmark_writes_its_figures():
+  """Each benchmarks/*.py (not common, render, line_parity) calls write_result, so its
+  figures land in benchmarks/results/ and docs/performance.md (static: nothing is run)."""
+  paths = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))
+  scripts = [p for p in paths if os.path.basename(p) not in NOT_BENCHMARKS]
+  assert scripts
+  missing = [os.path.basename(p) for p in scripts if not _calls(p, "write_result")]
+  assert not missing, f"benchmarks that never call common.write_result: {missing}"
