@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 from test_describe_fit import ENV, ROOT, abstract_gpus, small
 
@@ -193,3 +194,33 @@ def test_olmoe_twin_compiles_scanned_for_8_h100():
   c = olmoe()
   c.mesh.update(data=1, fsdp=8, expert=1)
   assert_scanned_fit(aot.footprint(c, aot.gpu_target("h100:8"), "olmoe"), 16)
+
+
+# configs/full/qwen3_moe.py (48 layers, 128 experts of 768, d_model 2,048) at batch 256 with
+# remat full, on the smallest slices `--fit` found for it (docs/describe.md): v5e:8x16 and
+# h100:2x8 (two nodes); each size compiled once, on the mesh `--fit` gives it.
+QWEN3 = str(ROOT / "configs" / "full" / "qwen3_moe.py")
+
+
+def qwen3() -> ml_collections.ConfigDict:
+  c = cli.load_file(QWEN3)
+  c.model.remat = "full"
+  c.data.batch_size = 256
+  return c
+
+
+@pytest.mark.full
+def test_qwen3_twin_compiles_scanned_for_a_v5e_8x16_with_remat():
+  _require(aot.libtpu_available(), "MOEJAX_REQUIRE_TPU", "tpu")
+  tried = fit.try_size(qwen3(), "tpu", "v5e:8x16")
+  assert not tried.skipped and tried.mesh == (1, 128, 1), tried
+  assert_scanned_fit(tried.footprint, 48)
+
+
+@pytest.mark.full
+def test_qwen3_twin_compiles_scanned_for_two_h100_nodes_with_remat():
+  """h100:8 does not fit it (78.59 GiB per device, measured); two nodes do (41.56)."""
+  _require(aot.cuda_available(), "MOEJAX_REQUIRE_GPU", "cuda")
+  tried = fit.try_size(qwen3(), "cuda", "h100:2x8")
+  assert not tried.skipped and tried.mesh == (1, 16, 1), tried
+  assert_scanned_fit(tried.footprint, 48)
