@@ -133,25 +133,18 @@ def make_train_step(
     grad_fn = jax.value_and_grad(forward_loss, argnums=1, has_aux=True)
     step = state["step"]
 
-    def body(acc, xs):
-      toks, key = xs
+    def micro_step(toks, key):
       (_, (metrics, loads)), grads = grad_fn(
         graphdef, params, router, toks, key, lc, f_LxE, True, step
       )
-      return jax.tree.map(jnp.add, acc, (grads, metrics, loads)), None
+      return grads, metrics, loads
 
     micro = _micro(tokens_BxL1, lc.grad_accum)
     keys = jax.random.split(rng, lc.grad_accum)
-    zeros = jax.tree.map(
-      jnp.zeros_like,
-      jax.eval_shape(
-        lambda: (
-          (params,)
-          + grad_fn(graphdef, params, router, micro[0], keys[0], lc, f_LxE, True, step)[0][1]
-        )
-      ),
-    )
-    (grads, metrics, loads), _ = jax.lax.scan(body, zeros, (micro, keys))
+    if lc.grad_accum == 1:  # no loop, and no second trace for the loop's zeros
+      grads, metrics, loads = micro_step(micro[0], keys[0])
+    else:
+      grads, metrics, loads = accumulate(micro_step, micro, keys)
     scale = 1.0 / lc.grad_accum
     grads = jax.tree.map(lambda g: g * scale, grads)
     metrics = jax.tree.map(lambda m: m * scale, metrics)
@@ -170,6 +163,17 @@ def make_train_step(
     return new_state, metrics
 
   return train_step
+
+
+def accumulate(micro_step, micro, keys):
+  """The sums of `micro_step(toks, key)`'s outputs over the micro-batches, as a scan whose
+  zeros take their shapes from one more trace of the step (`jax.eval_shape`)."""
+
+  def body(acc, xs):
+    return jax.tree.map(jnp.add, acc, micro_step(*xs)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_step, micro[0], keys[0]))
+  return jax.lax.scan(body, zeros, (micro, keys))[0]
 
 
 def update_router_bias(graphdef, params, router, loads_LxE: jax.Array, rate: float):
