@@ -210,17 +210,15 @@ def qwen3() -> ml_collections.ConfigDict:
 
 
 @pytest.mark.full
-def test_qwen3_twin_compiles_scanned_for_a_v5e_8x16_with_remat():
-  _require(aot.libtpu_available(), "MOEJAX_REQUIRE_TPU", "tpu")
-  tried = fit.try_size(qwen3(), "tpu", "v5e:8x16")
-  assert not tried.skipped and tried.mesh == (1, 128, 1), tried
-  assert_scanned_fit(tried.footprint, 48)
-
-
-@pytest.mark.full
-def test_qwen3_twin_compiles_scanned_for_two_h100_nodes_with_remat():
-  """h100:8 does not fit it (78.59 GiB per device, measured); two nodes do (41.56)."""
-  _require(aot.cuda_available(), "MOEJAX_REQUIRE_GPU", "cuda")
-  tried = fit.try_size(qwen3(), "cuda", "h100:2x8")
-  assert not tried.skipped and tried.mesh == (1, 16, 1), tried
+@pytest.mark.parametrize(
+  "platform, size, mesh",
+  [("tpu", "v5e:8x16", (1, 128, 1)), ("cuda", "h100:2x8", (1, 16, 1))],  # h100:8: 78.59 GiB
+)
+def test_qwen3_twin_compiles_scanned_at_its_fits_with_remat(platform, size, mesh):
+  if platform == "tpu":
+    _require(aot.libtpu_available(), "MOEJAX_REQUIRE_TPU", "tpu")
+  else:
+    _require(aot.cuda_available(), "MOEJAX_REQUIRE_GPU", "cuda")
+  tried = fit.try_size(qwen3(), platform, size)
+  assert not tried.skipped and tried.mesh == mesh, tried
   assert_scanned_fit(tried.footprint, 48)
