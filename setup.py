@@ -5,6 +5,7 @@ in pyproject.toml."""
 
 from __future__ import annotations
 
+import filecmp
 import glob
 import importlib.util
 import os
@@ -39,7 +40,17 @@ class BuildNative(build_ext):
       dests.append(NATIVE)
     for dest in dests:
       for lib in blas:
-        shutil.copy2(lib, dest)
+        _replace(lib, os.path.join(dest, os.path.basename(lib)))
+
+
+def _replace(src: str, dst: str) -> None:
+  """Copy src to dst as a new file renamed into place: a process that has dst loaded keeps
+  its own copy (another interpreter's editable install may be running its tests)."""
+  if os.path.exists(dst) and filecmp.cmp(src, dst, shallow=False):
+    return
+  tmp = f"{dst}.{os.getpid()}.tmp"
+  shutil.copy2(src, tmp)
+  os.replace(tmp, dst)
 
 
 native = Extension(

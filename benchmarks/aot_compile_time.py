@@ -8,7 +8,8 @@ compiler's bytes per device: what one program costs the sweep precheck (launch/p
 
 Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
 `--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
-one process, and prints the compile ratio scanned/unrolled. Writes
+one process, and prints the compile ratio scanned/unrolled; `--depths 8,32` compiles it at
+each `model.n_layers` (the ratio of the two). Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """
@@ -52,6 +53,9 @@ def main() -> None:
   p.add_argument(
     "--layouts", default="", help="scanned,unrolled: compile each model.scan_layers value"
   )
+  p.add_argument(
+    "--depths", default="", help="8,32: compile at each model.n_layers (after --layouts)"
+  )
   p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   c = cli.load_file(args.config)
@@ -60,15 +64,20 @@ def main() -> None:
   target = aot.tpu_target(args.topology) if args.topology else aot.gpu_target(args.gpu)
   layouts = [v for v in args.layouts.split(",") if v]
   figures = {"config": args.config, "target": target.name, "set": " ".join(args.set)}
+  depths = [int(v) for v in args.depths.split(",") if v]
   rows = []
   for layout in layouts or [""]:
-    if layout:
-      c.model.scan_layers = {"scanned": True, "unrolled": False}[layout]
-      print(f"[{layout}]")
-    scan = "scanned" if c.model.scan_layers else "unrolled"
-    rows.append({"layout": scan, **measure(c, target, args)})
+    for depth in depths or [c.model.n_layers]:
+      if layout:
+        c.model.scan_layers = {"scanned": True, "unrolled": False}[layout]
+      c.model.n_layers = depth
+      scan = "scanned" if c.model.scan_layers else "unrolled"
+      print(f"[{scan}, {depth} layers]")
+      rows.append({"layout": scan, "n_layers": depth, **measure(c, target, args)})
   if len(rows) == 2:
-    (a, ra), (b, rb) = ((r["layout"], r["compile_cpu_s"]) for r in rows)
+    (a, ra), (b, rb) = (
+      (f"{r['layout']}_{r['n_layers']}" if depths else r["layout"], r["compile_cpu_s"]) for r in rows
+    )
     print(f"compile CPU-s {a}/{b}: {ra / rb:.2f}")
     figures[f"compile_cpu_{a}_over_{b}"] = ra / rb
   name = args.result or f"aot_compile_time_{target.name.replace(':', '_')}"

@@ -45,6 +45,7 @@ def block_loop(B: int):
 def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--repeats", type=int, default=9)
+  p.add_argument("--result", default="loop_dot", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   x = jax.random.normal(jax.random.key(0), (R, D))
   w = jax.random.normal(jax.random.key(1), (E, D, N))
@@ -58,7 +59,7 @@ def main() -> None:
   rows = [{"computation": k, "ms": v * 1e3, "GFLOP_per_s": flops / v / 1e9} for k, v in t.items()]
   for r in rows:
     print(f"| {r['computation']} | {r['ms']:.2f} | {r['GFLOP_per_s']:.1f} |")
-  write_result("loop_dot", {"rows": rows, "R": R, "d": D, "n": N, "E": E, "repeats": args.repeats})
+  write_result(args.result, {"rows": rows, "R": R, "d": D, "n": N, "E": E, "repeats": args.repeats})
 
 
 if __name__ == "__main__":
