@@ -35,10 +35,9 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 # rest (elementwise ops, casts, layout) is recomputed inside the backward's fusions. A scan
 # saves every residual of its body as a stacked array that lives for the whole step, where
 # the unrolled program lets XLA fuse cheap producers into the backward instead of keeping
-# them: saving everything, the GPU preset on 8 x H100 needed 30.86 GiB of temporaries
-# scanned against 20.38 unrolled; with this policy 20.61 (benchmarks/aot_compile_time.py
-# --config configs/study_calibration.py:gpu --gpu h100:8 --layouts scanned,unrolled; the
-# Triton trace). On CPU it keeps the scanned MoE step as fast as saving everything.
+# them: saving everything, the GPU preset's scanned step on 8 x H100 needed about 1.5x the
+# unrolled step's temporaries, and with this policy about the same (docs/cloud.md, "Scanned
+# layers"; benchmarks/results/aot_compile_time_h100_8.json has the current figures).
 SAVED = frozenset(
   {
     "dot_general",
