@@ -76,7 +76,8 @@ def main() -> None:
       rows.append({"layout": scan, "n_layers": depth, **measure(c, target, args)})
   if len(rows) == 2:
     (a, ra), (b, rb) = (
-      (f"{r['layout']}_{r['n_layers']}" if depths else r["layout"], r["compile_cpu_s"]) for r in rows
+      (f"{r['layout']}_{r['n_layers']}" if depths else r["layout"], r["compile_cpu_s"])
+      for r in rows
     )
     print(f"compile CPU-s {a}/{b}: {ra / rb:.2f}")
     figures[f"compile_cpu_{a}_over_{b}"] = ra / rb

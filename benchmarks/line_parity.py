@@ -10,6 +10,7 @@ tokens than 3.11's), so a comparison across Pythons trains both on one copy of i
   --config.data.corpus=files "--config.data.paths=DIR/**/*.py"
 with DIR a copy of one line's stdlib files (`moejax.data.corpora.stdlib_paths`, empty files
 left out: the files corpus refuses them). Timing metrics (perf/*, tokens_per_sec) are skipped.
+`--result NAME` also writes the figures to benchmarks/results/<NAME>.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_result
 
 SKIP = ("perf/", "tokens_per_sec")
 
@@ -59,14 +64,16 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("run_a")
   p.add_argument("run_b")
+  p.add_argument("--result", default="", help="also write benchmarks/results/<NAME>.json")
   args = p.parse_args()
-  diffs = step_diffs(*(rows(os.path.join(r, "metrics.jsonl")) for r in (args.run_a, args.run_b)))
+  runs = [rows(os.path.join(r, "metrics.jsonl")) for r in (args.run_a, args.run_b)]
+  diffs = step_diffs(*runs)
   same = [d for d in diffs if d[1] == 0.0]
   first = next((d for d in diffs if d[1] > 0.0), None)
+  apart = next((d for d in diffs if d[1] > 1e-6), None)
   print(f"{len(diffs)} logged steps; {len(same)} with every metric bitwise equal")
   if first:
     print(f"first difference at step {first[0]}: {first[1]:.2e} relative ({first[2]})")
-    apart = next((d for d in diffs if d[1] > 1e-6), None)
     if apart:
       print(f"within 1e-6 relative (float32 rounding) until step {apart[0]}: "
             f"{apart[1]:.2e} ({apart[2]})")  # fmt: skip
@@ -75,6 +82,23 @@ def main() -> None:
   g = grid_diff(args.run_a, args.run_b)
   if g is not None:
     print(f"k-grid: largest absolute difference {g:.4f}")
+  if args.result:
+    write_result(
+      args.result,
+      {
+        "logged_steps": len(diffs),
+        "bitwise_equal_steps": len(same),
+        "first_difference_step": first[0] if first else None,
+        "first_difference_metric": first[2] if first else None,
+        "apart_beyond_1e-6_at_step": apart[0] if apart else None,
+        "largest_loss_difference_rel": max(d[3] for d in diffs),
+        "final_step": diffs[-1][0],
+        "final_loss_a": runs[0][len(diffs) - 1]["loss"],
+        "final_loss_b": runs[1][len(diffs) - 1]["loss"],
+        "final_loss_difference_rel": diffs[-1][3],
+        "k_grid_largest_abs_difference": g,
+      },
+    )
 
 
 if __name__ == "__main__":
