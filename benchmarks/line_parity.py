@@ -60,6 +60,15 @@ def grid_diff(run_a: str, run_b: str) -> float | None:
   return worst
 
 
+def smallest_k1_delta(run: str) -> float | None:
+  """Δ loss of the grid's smallest k1 at its native k2 (the small-k1 penalty), if gridded."""
+  path = os.path.join(run, "eval", "k_grid.jsonl")
+  if not os.path.exists(path):
+    return None
+  native = [r for r in rows(path) if r.get("k2") == "native"]
+  return min(native, key=lambda r: r["k1"])["delta"] if native else None
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("run_a")
@@ -97,6 +106,8 @@ def main() -> None:
         "final_loss_b": runs[1][len(diffs) - 1]["loss"],
         "final_loss_difference_rel": diffs[-1][3],
         "k_grid_largest_abs_difference": g,
+        "smallest_k1_delta_a": smallest_k1_delta(args.run_a),
+        "smallest_k1_delta_b": smallest_k1_delta(args.run_b),
       },
     )
 
