@@ -1,19 +1,24 @@
 """Peak memory of `python -m moejax.hf import` on a synthetic ~200M-parameter OLMoE.
 
-    python benchmarks/hf_import_memory.py make DIR     # bf16 shards via save_pretrained
-    /usr/bin/time -v python -m moejax.hf import DIR --workdir RUN --progress=false
+    python benchmarks/hf_import_memory.py measure DIR  # make, then import it, measured
+    python benchmarks/hf_import_memory.py make DIR     # bf16 shards via save_pretrained only
 
 `make` builds the model with transformers' own OlmoeConfig (random weights, bfloat16,
-100 MB shards) and a character-level tokenizer.json, so nothing is downloaded. The report
-is the "Maximum resident set size" line of /usr/bin/time -v against `float32 size`, which
-`make` prints and writes to benchmarks/results/hf_import_memory.json.
+100 MB shards) and a character-level tokenizer.json, so nothing is downloaded. `measure`
+then runs `python -m moejax.hf import DIR/model --workdir DIR/run --progress=false` as a
+child process and takes its peak RSS (the kernel's ru_maxrss of that child, what
+/usr/bin/time -v reports) and wall time, beside the peak RSS of a child that only imports
+jax (the floor), and writes them with the model's float32 size to
+benchmarks/results/hf_import_memory.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import write_result
@@ -62,10 +67,32 @@ def make(directory: str) -> dict:
   }
 
 
+def peak_rss(argv: list[str]) -> tuple[float, float]:
+  """(peak RSS in MiB, wall seconds) of `python ARGV` run as a child process."""
+  t0 = time.perf_counter()
+  proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  _, status, usage = os.wait4(proc.pid, 0)
+  if os.waitstatus_to_exitcode(status) != 0:
+    sys.exit(f"error: python {' '.join(argv)} failed")
+  return usage.ru_maxrss / 1024, time.perf_counter() - t0  # ru_maxrss is in KiB on Linux
+
+
+def measure(directory: str) -> dict:
+  model, run = os.path.join(directory, "model"), os.path.join(directory, "run")
+  out = make(model)
+  rss, wall = peak_rss(["-m", "moejax.hf", "import", model, "--workdir", run, "--progress=false"])
+  floor, _ = peak_rss(["-c", "import jax, moejax.hf"])
+  out |= {"import_peak_RSS_MiB": rss, "import_wall_s": wall, "floor_RSS_MiB": floor}
+  out["import_over_float32"] = (rss - floor) / out["float32_MiB"]
+  print(f"import: peak RSS {rss:.0f} MiB ({floor:.0f} MiB floor), {wall:.1f} s wall")
+  return out
+
+
 def main() -> None:
-  if len(sys.argv) != 3 or sys.argv[1] != "make":
+  if len(sys.argv) != 3 or sys.argv[1] not in ("make", "measure"):
     sys.exit(__doc__)
-  write_result("hf_import_memory", make(sys.argv[2]))
+  figures = make(sys.argv[2]) if sys.argv[1] == "make" else measure(sys.argv[2])
+  write_result("hf_import_memory", figures)
 
 
 if __name__ == "__main__":
