@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import write_result
+from common import RESULTS, write_result
 
 SHAPE = {
   "vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -78,8 +78,12 @@ def peak_rss(argv: list[str]) -> tuple[float, float]:
 
 
 def measure(directory: str) -> dict:
+  """`make` in a child, then the import and the floor in children of this small process: a
+  child's ru_maxrss counts the memory it was forked with, so the parent holds no model."""
   model, run = os.path.join(directory, "model"), os.path.join(directory, "run")
-  out = make(model)
+  peak_rss([__file__, "make", model])  # writes the model's figures to the result file
+  with open(os.path.join(RESULTS, "hf_import_memory.json")) as f:
+    out = json.load(f)["figures"]
   rss, wall = peak_rss(["-m", "moejax.hf", "import", model, "--workdir", run, "--progress=false"])
   floor, _ = peak_rss(["-c", "import jax, moejax.hf"])
   out |= {"import_peak_RSS_MiB": rss, "import_wall_s": wall, "floor_RSS_MiB": floor}
