@@ -164,7 +164,23 @@ def tpu() -> aot.Target:
 def gpu() -> aot.Target:
   if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
     pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
-  return aot.gpu_target(GPU)
+  return aot.gpu_target(GPU)._replace(compiler_options=QUICK_GPU)
+
+
+# XLA:GPU without autotuning (its level 0: each GEMM and fusion takes its default config):
+# on a deviceless compile this roughly halves the compile time of this file's programs, and
+# what the tests assert (lowering, kernels, loops, bytes) does not depend on it:
+# test_quick_gpu_compile_keeps_the_footprint checks the bytes, kernels and loops are the same.
+QUICK_GPU = (("xla_gpu_autotune_level", "0"),)
+
+
+@pytest.mark.full
+def test_quick_gpu_compile_keeps_the_footprint(gpu):
+  case = ("configs/qwen3_moe.py", "dropless", "auto")
+  quick = _compile(gpu, case)
+  tuned = _compile(gpu._replace(compiler_options=()), case)
+  for field in ("temporaries", "arguments", "outputs", "kernels", "loops"):
+    assert getattr(quick, field) == getattr(tuned, field), field
 
 
 def test_the_matrix_covers_every_preset_kernel_and_mode():

@@ -30,6 +30,20 @@ def test_a_compile_answer_round_trips_through_json():
   assert cache.decode(cache.encode(answer)) == answer
 
 
+def test_a_targets_compiler_options_reach_the_compile_and_the_key():
+  seen = []
+
+  class Lowered:
+    def compile(self, compiler_options=None):
+      seen.append(compiler_options)
+      return len(seen)
+
+  quick = TARGET._replace(compiler_options=(("xla_gpu_autotune_level", "0"),))
+  assert TARGET.compile(Lowered()) == 1 and quick.compile(Lowered()) == 2
+  assert seen == [None, {"xla_gpu_autotune_level": "0"}]
+  assert cache.key("module @a {}", quick) != cache.key("module @a {}", TARGET)
+
+
 def test_the_key_follows_the_program_the_target_and_the_flags(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   base = cache.key("module @a {}", TARGET)

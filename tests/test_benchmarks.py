@@ -221,7 +221,10 @@ def test_compile_only_dry_run_compiles_the_gpu_plan_for_an_h100(tmp_path):
   out = str(tmp_path / "dry")
   shape = ["--d-model=128", "--coarse=8/2/128", "--fine=16/4/64", "--seq-len=128"]
   argv = [*TINY, *shape, "--dtype=bfloat16", "--impls=tokamax,batched", "--arm-timeout=900"]
-  env = {"WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu"}
+  # XLA:GPU without autotuning, as tests/test_accelerators.py's QUICK_GPU (the same bytes
+  # and kernels, about half the compile time)
+  quick = "--xla_gpu_autotune_level=0"
+  env = {"WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": quick}
   report, _ = run_bench([*argv, "--compile-only=h100:1"], out, env, timeout=2400)
   assert report["probe"]["platform"] == "cuda" and report["probe"]["compile_only"] == "h100:1"
   arms = {a["name"]: a for a in report["arms"]}

@@ -9,7 +9,7 @@ without `loc` annotations, but a Pallas kernel's serialized payload carries the 
 lines that called it, so editing moejax/kernels/megablox.py above a call is a new key), the
 target (name, device count, usable memory, its GpuTargetConfig for
 a GPU), the compilers' versions (jax, jaxlib, libtpu, the CUDA plugin) and the flags they
-read (XLA_FLAGS, LIBTPU_INIT_ARGS). Any change to the code, the config, the target or the
+read (XLA_FLAGS, LIBTPU_INIT_ARGS) or the target passes (`Target.compiler_options`). Any change to the code, the config, the target or the
 compiler changes the key; a hit skips only the XLA compile, the lowering still runs. The
 state's own bytes (params, optimizer, router, batch) are never stored: they are recomputed
 from the shardings.
@@ -64,6 +64,7 @@ def key(program_text: str, target: targets.Target) -> str:
   parts = {
     "format": FORMAT,
     "target": [target.name, target.platform, target.n_devices, target.hbm_bytes, proto],
+    **({"options": list(target.compiler_options)} if target.compiler_options else {}),
     "jax": jax.__version__,
     "compilers": {d: _version(d) for d in COMPILERS},
     "flags": {f: os.environ.get(f, "") for f in FLAGS},

@@ -129,11 +129,11 @@ def _footprint(c, target: Target, abstract: Abstract, **fields) -> memory.Footpr
   )
 
 
-def _compiled(lowered, abstract: Abstract) -> dict:
+def _compiled(lowered, abstract: Abstract, target: Target) -> dict:
   """The compiler's answer (`cache.FIELDS`, `loops`, `kernels`): its memory analysis, while
   loops and kernel families, or the TPU compiler's refusal for HBM (temporaries from its message)."""
   try:
-    compiled = lowered.compile()
+    compiled = target.compile(lowered)
   except Exception as e:
     parsed = memory.parse_oom(str(e))
     if parsed is None:
@@ -163,7 +163,7 @@ def footprint(
       lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
     k = cache.key(lowered.as_text(), target) if store else ""
     hit = store.load(k) if store else None
-    answer = hit or _compiled(lowered, abstract)
+    answer = hit or _compiled(lowered, abstract, target)
   except Exception as e:
     raise UserError(f"{label or 'config'}: the train step does not compile for "
                     f"{target.name}: {type(e).__name__}: {memory.first_line(e)}") from e  # fmt: skip
@@ -187,7 +187,7 @@ def export_gpu(c: ml_collections.ConfigDict, n_devices: int) -> jax.export.Expor
 def grid_forward(c: ml_collections.ConfigDict, target: Target, k1: int | None = None):
   """The k-grid's forward (one k1, integer k2) compiled for one device of `target`, as
   `moejax.evaluate` runs it: unsharded, eval.batch_size rows."""
-  one = Target(target.name, target.platform, target.devices[:1], 1, target.hbm_bytes, "")
+  one = target._replace(devices=target.devices[:1], n_devices=1, hbm_source="")
   solo = c.copy_and_resolve_references()
   solo.mesh.update(data=1, fsdp=1, expert=1)
   solo.data.batch_size = solo.eval.batch_size
@@ -206,4 +206,4 @@ def grid_forward(c: ml_collections.ConfigDict, target: Target, k1: int | None = 
     jax.ShapeDtypeStruct((n_moe,), jnp.float32, sharding=rep),
   )
   with tracing_on(one):
-    return fwd.compiled(k1, True).lower(*args).compile()
+    return one.compile(fwd.compiled(k1, True).lower(*args))

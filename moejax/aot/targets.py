@@ -59,6 +59,12 @@ class Target(NamedTuple):
   n_devices: int
   hbm_bytes: int  # usable per device
   hbm_source: str
+  # XLA options for each compile (`Lowered.compile(compiler_options)`), as (name, value)
+  compiler_options: tuple[tuple[str, str], ...] = ()
+
+  def compile(self, lowered):
+    """`lowered` compiled with this target's `compiler_options`."""
+    return lowered.compile(dict(self.compiler_options) or None)
 
 
 class GpuKind(NamedTuple):
