@@ -9,8 +9,8 @@ without `loc` annotations, but a Pallas kernel's serialized payload carries the 
 lines that called it, so editing moejax/kernels/megablox.py above a call is a new key), the
 target (name, device count, usable memory, its GpuTargetConfig for
 a GPU), the compilers' versions (jax, jaxlib, libtpu, the CUDA plugin) and the flags they
-read (XLA_FLAGS, LIBTPU_INIT_ARGS) or the target passes (`Target.compiler_options`). Any change to the code, the config, the target or the
-compiler changes the key; a hit skips only the XLA compile, the lowering still runs. The
+read (XLA_FLAGS, LIBTPU_INIT_ARGS) or the target passes (`Target.compiler_options`). Any
+change to the code, the config, the target or the compiler changes the key; a hit skips only the XLA compile, the lowering still runs. The
 state's own bytes (params, optimizer, router, batch) are never stored: they are recomputed
 from the shardings.
 
