@@ -10,9 +10,9 @@ lines that called it, so editing moejax/kernels/megablox.py above a call is a ne
 target (name, device count, usable memory, its GpuTargetConfig for
 a GPU), the compilers' versions (jax, jaxlib, libtpu, the CUDA plugin) and the flags they
 read (XLA_FLAGS, LIBTPU_INIT_ARGS) or the target passes (`Target.compiler_options`). Any
-change to the code, the config, the target or the compiler changes the key; a hit skips only the XLA compile, the lowering still runs. The
-state's own bytes (params, optimizer, router, batch) are never stored: they are recomputed
-from the shardings.
+change to the code, the config, the target or the compiler changes the key; a hit skips
+only the XLA compile, the lowering still runs. The state's own bytes (params, optimizer,
+router, batch) are never stored: they are recomputed from the shardings.
 
 The directory is $MOEJAX_AOT_CACHE, else ~/.cache/moejax/aot. A file that does not parse,
 or whose fields do not have their types (`check_types`), is a miss, rewritten after the
