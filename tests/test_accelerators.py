@@ -32,6 +32,7 @@ import os
 import re
 
 import pytest
+import quick_gpu
 
 from moejax import aot, cli
 from moejax.aot import custom_calls
@@ -164,14 +165,7 @@ def tpu() -> aot.Target:
 def gpu() -> aot.Target:
   if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
     pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
-  return aot.gpu_target(GPU)._replace(compiler_options=QUICK_GPU)
-
-
-# XLA:GPU without autotuning (its level 0: each GEMM and fusion takes its default config):
-# on a deviceless compile this roughly halves the compile time of this file's programs, and
-# what the tests assert (lowering, kernels, loops, bytes) does not depend on it:
-# test_quick_gpu_compile_keeps_the_footprint checks the bytes, kernels and loops are the same.
-QUICK_GPU = (("xla_gpu_autotune_level", "0"),)
+  return aot.gpu_target(GPU)._replace(compiler_options=quick_gpu.OPTIONS)
 
 
 @pytest.mark.full

@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import quick_gpu
 from tiers import FULL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,10 +222,7 @@ def test_compile_only_dry_run_compiles_the_gpu_plan_for_an_h100(tmp_path):
   out = str(tmp_path / "dry")
   shape = ["--d-model=128", "--coarse=8/2/128", "--fine=16/4/64", "--seq-len=128"]
   argv = [*TINY, *shape, "--dtype=bfloat16", "--impls=tokamax,batched", "--arm-timeout=900"]
-  # XLA:GPU without autotuning, as tests/test_accelerators.py's QUICK_GPU (the same bytes
-  # and kernels, about half the compile time)
-  quick = "--xla_gpu_autotune_level=0"
-  env = {"WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": quick}
+  env = {"WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": quick_gpu.XLA_FLAGS}
   report, _ = run_bench([*argv, "--compile-only=h100:1"], out, env, timeout=2400)
   assert report["probe"]["platform"] == "cuda" and report["probe"]["compile_only"] == "h100:1"
   arms = {a["name"]: a for a in report["arms"]}
