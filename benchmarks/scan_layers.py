@@ -1,12 +1,15 @@
 """`model.scan_layers` on CPU: compile time and step time, scanned against unrolled.
 
 Run: python benchmarks/scan_layers.py [--shape 64/8/32] [--repeats 5] [--set KEY=VALUE ...]
+                                      [--profile]
 The study shape (`base_config()` with qwen3_moe, E/K/f) and its dense twin (d_ff = K·f),
 each built scanned and unrolled, four train steps compiled in one process and timed
 interleaved (min of `--repeats`); each arm is compiled twice and the second compile timed.
 Prints the compile seconds of each, the MoE/dense compile ratio in each layout, the
 scanned/unrolled step-time ratio and XLA's step bytes, and writes them to
-benchmarks/results/scan_layers.json (`--result NAME` for another name).
+benchmarks/results/scan_layers.json (`--result NAME` for another name). `--profile` then
+traces three steps of each arm and adds the thread time by kind of XLA:CPU op
+(`cpu_profile.py`): what the scanned steps spend that the unrolled ones do not.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
+import cpu_profile
 from aot_compile_time import _set
 from common import interleaved_min, write_result
 from study_shape import study_config
@@ -43,7 +47,10 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
   p.add_argument("--result", default="scan_layers", help="benchmarks/results/<NAME>.json")
+  p.add_argument("--profile", action="store_true", help="thread time by kind of XLA:CPU op")
   args = p.parse_args()
+  if args.profile:
+    cpu_profile.enable()  # before the CPU backend starts
   E, K, f = (int(v) for v in args.shape.split("/"))
   c = study_config(E, K, f)
   for assignment in args.set:
@@ -72,10 +79,28 @@ def main() -> None:
     print(f"step time scanned/unrolled, {kind}: {step:.3f}; compile {compile_ratio:.2f}x")
     ratios.append({"ratio": f"step time scanned/unrolled, {kind}", "value": step})
     ratios.append({"ratio": f"compile scanned/unrolled, {kind}", "value": compile_ratio})
+  profile = _profile(built) if args.profile else []
   m = c.model.moe
   impl = f"{m.impl} ({dsp.resolve_impl(m.impl, m.dispatch)})" if m.impl == "auto" else m.impl
   shape = {"E/K/f": args.shape, "layers": c.model.n_layers, "impl": impl}
-  write_result(args.result, {"rows": rows, "ratios": ratios, **shape, "repeats": args.repeats})
+  figures = {"rows": rows, "ratios": ratios, **({"profile": profile} if profile else {})}
+  write_result(args.result, {**figures, **shape, "repeats": args.repeats})
+
+
+def _profile(built) -> list[dict]:
+  """Per kind of op, each arm's thread ms per step (`cpu_profile.op_ms`), printed too."""
+  ms = {name: cpu_profile.op_ms(b.step) for name, b in built.items()}
+  kinds = sorted(
+    {k for v in ms.values() for k in v}, key=lambda k: -sum(v.get(k, 0) for v in ms.values())
+  )
+  print("| op (thread ms per step) | " + " | ".join(ms) + " |")
+  print("|---|" + "---:|" * len(ms))
+  rows = []
+  for k in [*kinds, "total"]:
+    row = {n: (sum(v.values()) if k == "total" else v.get(k, 0.0)) for n, v in ms.items()}
+    print(f"| {k} | " + " | ".join(f"{x:.1f}" for x in row.values()) + " |")
+    rows.append({"op": k, **{f"{n}_ms": x for n, x in row.items()}})
+  return rows
 
 
 if __name__ == "__main__":

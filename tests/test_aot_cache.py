@@ -102,9 +102,13 @@ def _quickstart(top_k: int = 2):
 
 def test_a_program_compiled_before_is_read_not_compiled(tpu, tmp_path, monkeypatch):
   store = cache.Store(tmp_path)
-  compiled = []
-  real = programs._compiled
-  monkeypatch.setattr(programs, "_compiled", lambda *a: compiled.append(1) or real(*a))
+  compiled, real = [], programs._compiled
+
+  def counted(*a):  # the first miss compiles; a later one is counted and answered the same
+    compiled.append(compiled[0] if compiled else real(*a))
+    return compiled[-1]
+
+  monkeypatch.setattr(programs, "_compiled", counted)
   first = aot.footprint(_quickstart(), tpu, "q", store)
   assert not first.cached and len(compiled) == 1 and first.arguments > 0 and first.code > 0
   (entry,) = tmp_path.glob("*.json")
@@ -118,7 +122,7 @@ def test_a_program_compiled_before_is_read_not_compiled(tpu, tmp_path, monkeypat
   with pytest.raises(UserError, match="^q: .*compiled a program the store holds"):
     aot.footprint(_quickstart(top_k=1), tpu, "q", store)  # another program: a miss compiles
 
-  monkeypatch.setattr(programs, "_compiled", lambda *a: compiled.append(1) or real(*a))
+  monkeypatch.setattr(programs, "_compiled", counted)
   entry.write_text(entry.read_text()[:20])  # a torn write
   third = aot.footprint(_quickstart(), tpu, "q", store)
   assert not third.cached and len(compiled) == 2 and third == first

@@ -74,7 +74,7 @@ def test_rewriting_keeps_the_rest_of_the_page(tmp_path):
   assert render.page_block(text) == render.render()
 
 
-NOT_BENCHMARKS = {"common.py", "render.py", "line_parity.py"}  # helpers and a comparison tool
+NOT_BENCHMARKS = {"common.py", "cpu_profile.py", "render.py", "line_parity.py"}  # helpers, a tool
 
 
 def _calls(path: str, name: str) -> bool:

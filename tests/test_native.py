@@ -293,6 +293,7 @@ def quickstart_losses(impl: str, steps: int = 20) -> np.ndarray:
   return np.asarray(losses)
 
 
+@FULL  # two 20-step trainings; the default tier checks the kernel's gradients directly
 @needs_lib
 def test_20_quickstart_steps_with_native_match_fused():
   """The same trajectory to rounding: per-step losses within 1e-4 relative (measured: 7.5e-7
