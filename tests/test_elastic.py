@@ -157,6 +157,7 @@ def _train(n, **moe):
   return state, out
 
 
+@FULL  # two 3-step trainings; the default tier checks the drawn-k weights against NumPy
 def test_uniform_with_k_min_K_is_bitwise_the_fixed_step():
   """With every draw at K and the top-K denominator, the elastic path computes what the
   fixed path does, bitwise (qwen3_moe renormalizes over the same K experts)."""
