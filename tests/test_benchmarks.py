@@ -29,7 +29,7 @@ TINY = [
   "--fine=16/4/8",
   "--dtype=float32",
   "--repeats=1",
-  "--budget-s=3000",  # a loaded CPU runner is slow; the default 280 s is for a device host
+  "--budget-s=3000",  # a loaded CPU runner is slow; the default 540 s is for a device host
   "--no-result",  # a test run's figures stay out of benchmarks/results/ (docs/performance.md)
 ]
 CPU_ARMS = [  # the CPU kernels in moejax.kernels.dispatch.KERNELS' order, then ragged
