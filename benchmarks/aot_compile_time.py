@@ -9,7 +9,9 @@ compiler's bytes per device: what one program costs the sweep precheck (launch/p
 Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
 `--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
 one process, and prints the compile ratio scanned/unrolled; `--depths 8,32` compiles it at
-each `model.n_layers` (the ratio of the two). Writes
+each `model.n_layers` (the ratio of the two). `--hlo-stats` adds what each compiled step does
+per step, read from its optimized HLO (kernels launched, while loops, dynamic-update-slice
+fusions, elementwise fusions' bytes, zero fills: `hlo_stats.py`). Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """
@@ -25,6 +27,7 @@ from moejax import aot, cli
 from moejax.aot import programs
 
 sys.path.insert(0, os.path.dirname(__file__))
+import hlo_stats
 from common import write_result
 
 
@@ -55,6 +58,11 @@ def main() -> None:
   )
   p.add_argument(
     "--depths", default="", help="8,32: compile at each model.n_layers (after --layouts)"
+  )
+  p.add_argument(
+    "--hlo-stats",
+    action="store_true",
+    help="also each program's kernels, loops and bytes per step (hlo_stats.py)",
   )
   p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
@@ -103,11 +111,16 @@ def measure(c, target, args) -> dict:
     f"  per device: temporaries {ma.temp_size_in_bytes / 2**30:.3f} GiB, "
     f"arguments {ma.argument_size_in_bytes / 2**30:.3f} GiB"
   )
-  return {
+  row = {
     "lower_cpu_s": lower_cpu, "lower_s": lower_wall, "compile_cpu_s": compile_cpu,
     "compile_s": compile_wall, "temporaries_GiB": ma.temp_size_in_bytes / 2**30,
     "arguments_GiB": ma.argument_size_in_bytes / 2**30,
   }  # fmt: skip
+  if args.hlo_stats:
+    per_step = hlo_stats.stats(compiled.as_text())._asdict()
+    print("  per step: " + ", ".join(f"{k} {v:,.0f}" for k, v in per_step.items()))
+    row.update(per_step)
+  return row
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def test_rewriting_keeps_the_rest_of_the_page(tmp_path):
   assert render.page_block(text) == render.render()
 
 
-NOT_BENCHMARKS = {"common.py", "cpu_profile.py", "render.py", "line_parity.py"}  # helpers, a tool
+# helpers (common, cpu_profile, hlo_stats, render) and a comparison tool (line_parity)
+NOT_BENCHMARKS = {"common.py", "cpu_profile.py", "hlo_stats.py", "render.py", "line_parity.py"}
 
 
 def _calls(path: str, name: str) -> bool:
