@@ -9,9 +9,9 @@ compiler's bytes per device: what one program costs the sweep precheck (launch/p
 Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
 `--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
 one process, and prints the compile ratio scanned/unrolled; `--depths 8,32` compiles it at
-each `model.n_layers` (the ratio of the two). `--hlo-stats` adds what each compiled step does
-per step, read from its optimized HLO (kernels launched, while loops, dynamic-update-slice
-fusions, elementwise fusions' bytes, zero fills: `hlo_stats.py`). Writes
+each `model.n_layers` (the ratio of the two). `--hlo-stats` (with `--gpu`) adds what each
+compiled step does per step, read from its optimized HLO (kernels launched, while loops,
+dynamic-update-slice fusions, elementwise fusions' bytes, zero fills: `hlo_stats.py`). Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """
@@ -62,10 +62,12 @@ def main() -> None:
   p.add_argument(
     "--hlo-stats",
     action="store_true",
-    help="also each program's kernels, loops and bytes per step (hlo_stats.py)",
+    help="--gpu only: each program's kernels, loops and bytes per step (hlo_stats.py)",
   )
   p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
+  if args.hlo_stats and not args.gpu:
+    p.error("--hlo-stats reads XLA:GPU's fusion names and trip counts; use it with --gpu")
   c = cli.load_file(args.config)
   for assignment in args.set:
     _set(c, assignment)
