@@ -63,7 +63,9 @@ class ModelConfig:
     "xla", "attention implementation (moejax.nn.attention)", tuple(ATTENTION_IMPLS)
   )
   scan_layers: bool = key(
-    True, "the layer stack as lax.scans over stacked parameters (moejax.nn.stack)"
+    True,
+    "the layer stack as lax.scans over stacked parameters (moejax.nn.stack): compiles that"
+    " do not grow with depth, slower steps at shallow depth (docs/performance.md)",
   )
   not_modelled: str = key(
     "", "what the source architecture has that this model lacks (the worksheet prints it)"
