@@ -485,8 +485,8 @@ def write(report: dict, out: str) -> tuple[str, str]:
 
 
 ROW_FIGURES = ("name", "E/K/f", "mode", "impl", "tokens_per_s", "step_s", "tflops_per_device",
-               "mfu", "peak_GiB", "peak_source", "compile_s", "fits", "loops", "kernels",
-               "xla_flags", "error")  # fmt: skip
+               "mfu", "peak_GiB", "peak_source", "analysis_GiB", "compile_s", "fits", "loops",
+               "kernels", "xla_flags", "error")  # fmt: skip
 PROBE_FIGURES = ("platform", "device_kind", "n_devices", "compile_only", "peak_bf16_tflops",
                  "auto_impl")  # fmt: skip
 
@@ -498,6 +498,9 @@ def result_row(r: dict) -> dict:
     flat["mode"] = None  # the dense twin has no dispatch (its Arm carries the default)
   if "peak_bytes" in r:
     flat["peak_GiB"] = r["peak_bytes"] / 2**30
+  if "temp_bytes" in r:  # the compiled step's own memory analysis, beside the device's peak
+    used = r["argument_bytes"] + r["output_bytes"] + r["temp_bytes"] - r["alias_bytes"]
+    flat["analysis_GiB"] = used / 2**30
   if "kernels" in r:
     flat["kernels"] = kernels_text(r)
   return {k: flat[k] for k in ROW_FIGURES if k in flat}

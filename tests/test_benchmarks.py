@@ -185,6 +185,20 @@ def test_cpu_run_arms_have_their_shapes(cpu_run):
   assert arms["fine-fused"]["flops_per_token"] - arms["coarse-fused"]["flops_per_token"] == router
 
 
+def test_a_result_row_is_flat_and_the_dense_twin_has_no_mode(bench):
+  gib = 2**30
+  r = {"name": "dense", "model": "dense", "mode": "dropless", "impl": "", "d_ff": 64,
+       "shape": {"n_experts": 8, "top_k": 2, "d_expert": 32}, "xla_flags": "", "error": None,
+       "peak_bytes": 3 * gib, "argument_bytes": gib, "output_bytes": gib,
+       "temp_bytes": 2 * gib, "alias_bytes": gib}  # fmt: skip
+  row = bench.result_row(r)
+  assert row["mode"] is None and row["E/K/f"] == "dense d_ff 64"
+  assert row["peak_GiB"] == 3.0
+  assert row["analysis_GiB"] == 1.0 + 1.0 + 2.0 - 1.0  # arguments + outputs + temps - aliased
+  moe = bench.result_row({**r, "name": "coarse-fused", "model": "coarse", "d_ff": 0})
+  assert moe["mode"] == "dropless" and moe["E/K/f"] == "8/2/32"
+
+
 @FULL
 def test_an_arms_xla_flags_reach_its_process(bench):
   """The cuDNN ragged arm's flag is set in the worker's environment, after the caller's."""
