@@ -15,16 +15,11 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from moejax.aot import loops
+
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}  # fmt: skip
 ARRAY = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
-HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
-OP = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) ([a-z][a-z\-]*)\((.*)$")
-NOT_KERNELS = frozenset(("parameter", "constant", "tuple", "get-tuple-element", "bitcast",
-                         "while", "conditional", "call", "after-all", "partition-id"))  # fmt: skip
-# An async op's "-done" waits for its "-start", which is the launch.
-TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-BODY = re.compile(r"body=%?([\w.\-]+)")
 DEDUPLICATED = re.compile(r'deduplicated_name="([^"]+)"')
 OP_NAME = re.compile(r'op_name="([^"]+)"')
 
@@ -40,6 +35,9 @@ class Stats(NamedTuple):
   zero_fill_mib: float
 
 
+NONE = Stats(0, 0, 0, 0.0, 0.0)
+
+
 def array_bytes(shape_text: str) -> int:
   """Bytes of every array in an HLO result shape (a tuple's elements summed)."""
   total = 0
@@ -51,31 +49,18 @@ def array_bytes(shape_text: str) -> int:
   return total
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-  """Instruction lines by computation name ("ENTRY" for the entry computation)."""
-  out: dict[str, list[str]] = {}
-  name = None
-  for line in hlo.splitlines():
-    m = HEADER.match(line)
-    if m:
-      name = "ENTRY" if m.group(1) else m.group(2)
-      out[name] = []
-    elif name is not None and line.startswith("  "):
-      out[name].append(line)
-  return out
-
-
-def _names(line: str) -> str:
+def _names(instr: loops.Instr) -> str:
   """The instruction's name, the name XLA gave it first where it deduplicated it, and the
   JAX op it came from (an async start's own name says nothing of its fusion)."""
-  found = (m.group(1) for m in (DEDUPLICATED.search(line), OP_NAME.search(line)) if m)
-  return " ".join((line.split("=", 1)[0].strip(), *found))
+  found = (m.group(1) for m in (DEDUPLICATED.search(instr.line), OP_NAME.search(instr.line)) if m)
+  return " ".join((instr.name, *found))
 
 
-def _written(op: str, shape: str) -> int:
+def _written(instr: loops.Instr) -> int:
   """Bytes an instruction writes: an async start's result is (its operands, its outputs, a
   context scalar), and only the outputs are written."""
-  if op.endswith("-start") and shape.startswith("(("):
+  shape = instr.line.split(" = ", 1)[1].split(f" {instr.opcode}(", 1)[0]
+  if instr.opcode.endswith("-start") and shape.startswith("(("):
     depth = 0
     for i, ch in enumerate(shape[1:], 1):
       depth += {"(": 1, ")": -1}.get(ch, 0)
@@ -85,15 +70,16 @@ def _written(op: str, shape: str) -> int:
   return array_bytes(shape)
 
 
-def _line_stats(line: str, in_entry: bool) -> Stats:
-  m = OP.match(line)
-  if not m or m.group(2) in NOT_KERNELS or m.group(2).endswith("-done"):
-    return Stats(0, 0, 0, 0.0, 0.0)
-  shape, op = m.group(1), m.group(2)
-  name = _names(line)
-  dus = op.startswith("fusion") and "dynamic_update_slice" in name
-  loop_fusion = op in ("fusion", "fusion-start") and "kind=kLoop" in line and not dus
-  mib = _written(op, shape) / 2**20
+def _instr_stats(instr: loops.Instr, in_entry: bool) -> Stats:
+  # loops.FREE launches nothing; neither does an async op's "-done", which waits for the
+  # "-start" that launched it.
+  if instr.opcode in loops.FREE or instr.opcode.endswith("-done"):
+    return NONE
+  name = _names(instr)
+  dus = instr.opcode.startswith("fusion") and "dynamic_update_slice" in name
+  loop_fusion = instr.opcode in ("fusion", "fusion-start") and "kind=kLoop" in instr.line
+  loop_fusion = loop_fusion and not dus
+  mib = _written(instr) / 2**20
   return Stats(
     launches=1,
     loops=0,
@@ -107,16 +93,20 @@ def _add(a: Stats, b: Stats, times: int = 1) -> Stats:
   return Stats(*(x + times * y for x, y in zip(a, b, strict=True)))
 
 
-def stats(hlo: str, computation: str = "ENTRY", comps: dict | None = None) -> Stats:
-  """Per-step Stats of `computation`: its own kernels, plus each while body's Stats times the
-  loop's known trip count (once where the count is unknown)."""
-  comps = comps if comps is not None else computations(hlo)
-  total = Stats(0, 0, 0, 0.0, 0.0)
-  for line in comps[computation]:
-    total = _add(total, _line_stats(line, computation == "ENTRY"))
-    if " while(" in line:
-      trip = TRIP.search(line)
-      body = stats(hlo, BODY.search(line).group(1), comps)
-      total = _add(total, Stats(0, 1, 0, 0.0, 0.0))
-      total = _add(total, body, int(trip.group(1)) if trip else 1)
-  return total
+def stats(hlo: str) -> Stats:
+  """Per-step Stats of an optimized HLO module: its entry computation's kernels, plus each
+  while body's Stats times the loop's known trip count (once where the count is unknown)."""
+  comps = loops.computations(hlo)
+  first = loops.entry(hlo)
+
+  def of(computation: str) -> Stats:
+    total = NONE
+    for instr in comps[computation]:
+      total = _add(total, _instr_stats(instr, computation == first))
+      if instr.opcode == "while":
+        body, trip = loops.while_parts(instr)
+        total = _add(total, Stats(0, 1, 0, 0.0, 0.0))
+        total = _add(total, of(body), trip if trip is not None else 1)
+    return total
+
+  return of(first)

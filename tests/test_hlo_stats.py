@@ -76,7 +76,8 @@ def test_per_step_counts_match_the_hand_count():
   assert hlo_stats.stats(HLO) == expected
 
 
-def test_computations_are_split_by_header():
-  comps = hlo_stats.computations(HLO)
-  assert set(comps) == {"fused_broadcast", "body", "body2", "ENTRY"}
-  assert [len(comps[k]) for k in ("fused_broadcast", "body", "body2", "ENTRY")] == [2, 8, 3, 8]
+def test_the_module_splits_into_the_computations_it_walks():
+  comps = hlo_stats.loops.computations(HLO)
+  assert set(comps) == {"fused_broadcast", "body", "body2", "main"}
+  assert hlo_stats.loops.entry(HLO) == "main"
+  assert [len(comps[k]) for k in ("fused_broadcast", "body", "body2", "main")] == [2, 8, 3, 8]

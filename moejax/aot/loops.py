@@ -125,18 +125,18 @@ class Loop(NamedTuple):
     return "unannotated" if self.trips is None else "fixed"
 
 
-class _Instr(NamedTuple):
+class Instr(NamedTuple):
   name: str
   opcode: str
   line: str
 
 
-def _computations(hlo: str) -> dict[str, list[_Instr]]:
+def computations(hlo: str) -> dict[str, list[Instr]]:
   """{computation: its instructions}. A computation ends at a line that is only `}`; an
   instruction may span lines (a Mosaic/Pallas custom call prints its backend config with
   newlines, and a continuation line can start with `}}`), so a line that starts no
   instruction is joined to the one before it."""
-  comps: dict[str, list[_Instr]] = {}
+  comps: dict[str, list[Instr]] = {}
   current = None
   for line in hlo.splitlines():
     if current is None:
@@ -150,21 +150,33 @@ def _computations(hlo: str) -> dict[str, list[_Instr]]:
     m = _INSTR.match(line)
     if m:
       op = _OPCODE.search(m.group(2))
-      current.append(_Instr(m.group(1), op.group(1) if op else "", line))
+      current.append(Instr(m.group(1), op.group(1) if op else "", line))
     elif current:
       last = current[-1]
       current[-1] = last._replace(line=f"{last.line} {line.strip()}")
   return comps
 
 
-def _callees(instr: _Instr) -> list[str]:
+def entry(hlo: str) -> str | None:
+  """The name of the module's entry computation."""
+  return next((m.group(1) for m in map(_HEADER.match, hlo.splitlines())
+               if m and m.string.startswith("ENTRY")), None)  # fmt: skip
+
+
+def while_parts(instr: Instr) -> tuple[str, int | None]:
+  """A while instruction's body computation and its known trip count (None: not annotated)."""
+  body, trip = _BODY.search(instr.line), _TRIP.search(instr.line)
+  return (body.group(1) if body else ""), (int(trip.group(1)) if trip else None)
+
+
+def _callees(instr: Instr) -> list[str]:
   out = _CALLS.findall(instr.line)
   for group in _CALL_SETS.findall(instr.line):
     out += [s.strip().lstrip("%") for s in group.split(",") if s.strip()]
   return out
 
 
-def _is_matmul(instr: _Instr, comps) -> bool:
+def _is_matmul(instr: Instr, comps) -> bool:
   if instr.opcode in ("dot", "convolution"):
     return True
   if instr.opcode == "custom-call":
@@ -290,12 +302,11 @@ def _what(body: str, line: str) -> str:
 
 def report_text(hlo: str) -> tuple[Loop, ...]:
   """Every while loop of an optimized HLO module's text, outermost first."""
-  comps = _computations(hlo)
+  comps = computations(hlo)
   tables = _tables(hlo)
-  entry = next((m.group(1) for m in map(_HEADER.match, hlo.splitlines())
-                if m and m.string.startswith("ENTRY")), None)  # fmt: skip
+  first = entry(hlo)
   out: list[Loop] = []
-  stack = [(entry, 0)] if entry else [(c, 0) for c in comps]
+  stack = [(first, 0)] if first else [(c, 0) for c in comps]
   seen = set()
   while stack:
     comp, depth = stack.pop(0)
@@ -304,15 +315,13 @@ def report_text(hlo: str) -> tuple[Loop, ...]:
     seen.add(comp)
     for instr in comps[comp]:
       if instr.opcode == "while":
-        body = _BODY.search(instr.line)
-        trip = _TRIP.search(instr.line)
-        name = body.group(1) if body else ""
+        name, trip = while_parts(instr)
         cond = _COND.search(instr.line)
         cond = cond.group(1) if cond else ""
         out.append(
           Loop(
             instr.name,
-            int(trip.group(1)) if trip else None,
+            trip,
             depth,
             _source(instr.line, tables),
             _body(name, comps),
