@@ -3,10 +3,12 @@
 Run: python benchmarks/scan_layers.py [--shape 64/8/32] [--repeats 5] [--set KEY=VALUE ...]
                                       [--profile]
 The study shape (`base_config()` with qwen3_moe, E/K/f) and its dense twin (d_ff = K·f),
-each built scanned and unrolled, four train steps compiled in one process and timed
-interleaved (min of `--repeats`); each arm is compiled twice and the second compile timed.
-Prints the compile seconds of each, the MoE/dense compile ratio in each layout, the
-scanned/unrolled step-time ratio and XLA's step bytes, and writes them to
+each built in three layouts (`LAYOUTS`: scanned as a loop, the default; scanned with
+`model.scan_unroll=0`, the stacked layout without a loop; unrolled), six train steps
+compiled in one process and timed interleaved (min of `--repeats`); each arm is compiled
+twice and the second compile timed. Prints the compile seconds of each, the MoE/dense
+compile ratio in each layout, each scanned layout's step-time ratio to the unrolled one
+and XLA's step bytes, and writes them to
 benchmarks/results/scan_layers.json (`--result NAME` for another name). `--profile` then
 traces three steps of each arm and adds the thread time by kind of XLA:CPU op
 (`cpu_profile.py`): what the scanned steps spend that the unrolled ones do not.
@@ -30,14 +32,19 @@ from train_step import dense_twin, jitted_step
 from moejax.kernels import dispatch as dsp
 
 
+# layout -> (model.scan_layers, model.scan_unroll): the scan as a loop (the default), the
+# same stacked layout unrolled whole (no loop), and the unrolled layout.
+LAYOUTS = {"scanned": (True, 1), "unroll0": (True, 0), "unrolled": (False, 1)}
+
+
 def arms(moe_cfg) -> dict[str, object]:
-  """moe/dense × scanned/unrolled configs."""
+  """moe/dense × LAYOUTS configs."""
   out = {}
   for kind, c in (("moe", moe_cfg), ("dense", dense_twin(moe_cfg))):
-    for scan in (True, False):
+    for layout, (scan, unroll) in LAYOUTS.items():
       a = c.copy_and_resolve_references()
-      a.model.scan_layers = scan
-      out[f"{kind}/{'scanned' if scan else 'unrolled'}"] = a
+      a.model.update(scan_layers=scan, scan_unroll=unroll)
+      out[f"{kind}/{layout}"] = a
   return out
 
 
@@ -69,16 +76,17 @@ def main() -> None:
     print(f"| {name} | {b.compile_s:.2f} | {t[name] * 1e3:.1f} | {b.step_bytes / 2**20:.0f} |")
     mib = b.step_bytes / 2**20
     rows.append({"arm": name, "compile_s": b.compile_s, "step_ms": t[name] * 1e3, "step_MiB": mib})
-  for layout in ("scanned", "unrolled"):
+  for layout in LAYOUTS:
     ratio = built[f"moe/{layout}"].compile_s / built[f"dense/{layout}"].compile_s
     print(f"compile MoE/dense, {layout}: {ratio:.2f}x")
     ratios.append({"ratio": f"compile MoE/dense, {layout}", "value": ratio})
   for kind in ("moe", "dense"):
-    step = t[f"{kind}/scanned"] / t[f"{kind}/unrolled"]
-    compile_ratio = built[f"{kind}/scanned"].compile_s / built[f"{kind}/unrolled"].compile_s
-    print(f"step time scanned/unrolled, {kind}: {step:.3f}; compile {compile_ratio:.2f}x")
-    ratios.append({"ratio": f"step time scanned/unrolled, {kind}", "value": step})
-    ratios.append({"ratio": f"compile scanned/unrolled, {kind}", "value": compile_ratio})
+    for layout in ("scanned", "unroll0"):
+      step = t[f"{kind}/{layout}"] / t[f"{kind}/unrolled"]
+      compile_ratio = built[f"{kind}/{layout}"].compile_s / built[f"{kind}/unrolled"].compile_s
+      print(f"step time {layout}/unrolled, {kind}: {step:.3f}; compile {compile_ratio:.2f}x")
+      ratios.append({"ratio": f"step time {layout}/unrolled, {kind}", "value": step})
+      ratios.append({"ratio": f"compile {layout}/unrolled, {kind}", "value": compile_ratio})
   profile = _profile(built) if args.profile else []
   m = c.model.moe
   impl = f"{m.impl} ({dsp.resolve_impl(m.impl, m.dispatch)})" if m.impl == "auto" else m.impl

@@ -64,12 +64,12 @@ def test_a_layer_scan_is_told_by_its_own_while_op_name(op_name):
   assert (lp.kind, lp.trips) == (LAYER_OPS[op_name], 4)
 
 
-def _grad_loops(scan: bool) -> tuple:
+def _grad_loops(scan: bool, unroll: int = 1) -> tuple:
   """The loops of a compiled gradient (XLA:CPU) of 5 layers, 2 dense then 3 MoE; the
   `fused` dispatch's block loop in each MoE layer's forward and backward."""
   c = config_lib.base_config()
   c.model.update(d_model=16, n_layers=5, n_heads=2, n_kv_heads=1, d_ff=24, first_dense=2)
-  c.model.update(scan_layers=scan)
+  c.model.update(scan_layers=scan, scan_unroll=unroll)
   c.model.moe.update(n_experts=4, top_k=2, d_expert=8, impl="fused")
   graphdef, params, router = step_lib.split_model(build.abstract_model(c, 32))
   fn = jax.value_and_grad(step_lib.forward_loss, argnums=1, has_aux=True)
@@ -98,3 +98,11 @@ def test_layer_scans_are_reported_as_layers_with_their_repeats():
   assert text[0] == f"  while loops: {len(scanned)}; 4 layer scans (model.scan_layers),"
   assert text[1].startswith("  2 dispatch block loops") and loops.LAYER_SCAN in "\n".join(text)
   assert all(len(line) <= 100 for line in text)
+
+
+def test_scan_unroll_0_compiles_the_scanned_layout_without_layer_scans():
+  """`model.scan_unroll=0`: the stacked layout, and the unrolled program's loops (a block loop
+  per MoE layer and direction, no layer scan)."""
+  whole = _grad_loops(True, unroll=0)
+  assert not [lp for lp in whole if lp.kind == "layers"]
+  assert [lp.depth for lp in whole if lp.kind == "dispatch"] == [0] * 6

@@ -154,6 +154,34 @@ def test_scanned_train_forward_and_gradients_equal_unrolled_bitwise(shape, case)
     assert not bad, bad
 
 
+# `model.scan_unroll`, the same stacked layout as other programs: 0 unrolls each scan whole
+# (no loop; a block with remat "none" is not checkpointed, as unrolled), so the stack
+# computes the unrolled program's numbers bitwise; 2 at (3, 0, 1)'s 3 repeats runs a trip
+# of 2 periods and a remainder of 1, with the scanned body's checkpoint (bitwise with remat).
+UNROLLS = [
+  pytest.param(0, "dropless", (6, 1, 2), id="0-dropless-6x1x2"),
+  pytest.param(2, "remat_full", (3, 0, 1), id="2-remat_full-3x0x1", marks=pytest.mark.full),
+  pytest.param(0, "elastic", (3, 0, 1), id="0-elastic-3x0x1", marks=pytest.mark.full),
+]
+
+
+@pytest.mark.parametrize("unroll,case,shape", UNROLLS)
+def test_scan_unroll_gives_the_unrolled_stacks_numbers_bitwise(unroll, case, shape):
+  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 40)
+  got = {}
+  for scan in (False, True):
+    kw = {k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()}
+    cfg = config(shape, scan, **kw, **({"scan_unroll": unroll} if scan else {}))
+    got[scan] = forward_and_grads(cfg, tokens, True, Overrides())
+  (p0, l0, r0, g0), (p1, l1, r1, g1) = got[False], got[True]
+  assert "stacks" in nnx.to_pure_dict(p1) and "layers" not in nnx.to_pure_dict(p1)
+  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+  for i in r0:
+    assert_same(r0[i]._asdict(), r1[i]._asdict(), f"router out of layer {i}")
+  bitwise = unroll == 0 or case in BITWISE_GRADS
+  assert_same(by_layer(g0, shape), by_layer(g1, shape), "grads", rtol=0.0 if bitwise else 1e-5)
+
+
 @pytest.mark.parametrize(
   "ov",
   [

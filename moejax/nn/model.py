@@ -67,6 +67,13 @@ class ModelConfig:
     "the layer stack as lax.scans over stacked parameters (moejax.nn.stack): compiles that"
     " do not grow with depth, slower steps at shallow depth (docs/performance.md)",
   )
+  scan_unroll: int = key(
+    1,
+    "periods of layers per trip of a layer scan (lax.scan's unroll); 0: each scan unrolled"
+    " whole, no loop: the unrolled program's step time and compile time over the scanned"
+    " layout's stacked parameters and checkpoints (docs/performance.md)",
+    ge=0,
+  )
   not_modelled: str = key(
     "", "what the source architecture has that this model lacks (the worksheet prints it)"
   )
@@ -249,11 +256,16 @@ class Transformer(nnx.Module):
     return x_BxLxD, routers
 
   def _scanned(self, x_BxLxD, positions_BxL, train, rng, ov):
-    """Each segment as one scan over its periods (`stack.run_segment`)."""
-    call = remat.block_call(self.cfg.remat, train=train, scanned=True)
+    """Each segment as one scan over its periods (`run_segment`). A segment that runs as a
+    loop (`loops`) remats its blocks as a scanned body (`remat.block_call`); one unrolled
+    whole keeps no stacked residuals across a loop, and remats as the unrolled stack does."""
     moe_index, routers = moe_indices(self.cfg), {}
     for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
-      x_BxLxD, outs = run_segment(seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index)
+      unroll = scan_unroll(self.cfg, seg)
+      call = remat.block_call(self.cfg.remat, train=train, scanned=unroll < seg.repeats)
+      x_BxLxD, outs = run_segment(
+        seg, stacked, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll
+      )
       routers.update(outs)
     return x_BxLxD, dict(sorted(routers.items()))
 
@@ -306,10 +318,18 @@ def _stack(seg: stack.Segment, blocks: list[Block]) -> Stack:
   return Stack(stacked)
 
 
-def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index):
-  """x through `seg.repeats` periods as one `lax.scan`; the scanned inputs are each
-  position's parameter rows, its layer indices (layer rngs) and its MoE layers' override
-  rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
+def scan_unroll(cfg: ModelConfig, seg: stack.Segment) -> int:
+  """The `unroll` of segment `seg`'s scan: `model.scan_unroll` periods a trip, all of them
+  for 0. From `seg.repeats` on there is no loop (jax unrolls such a scan whole)."""
+  return seg.repeats if cfg.scan_unroll == 0 else min(cfg.scan_unroll, seg.repeats)
+
+
+def run_segment(
+  seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll: int = 1
+):
+  """x through `seg.repeats` periods as one `lax.scan`, `unroll` periods a trip; the
+  scanned inputs are each position's parameter rows, its layer indices (layer rngs) and its
+  MoE layers' override rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
   graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
   R = seg.repeats
   layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
@@ -331,7 +351,7 @@ def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_
 
   xs = (tuple(states), layers_RxP, rows)
   with jax.named_scope(LAYER_SCAN_SCOPE):  # how the loop report (aot.loops) names these loops
-    x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R)
+    x_BxLxD, outs_P = jax.lax.scan(body, x_BxLxD, xs, length=R, unroll=unroll)
   routers = {}
   for j, out in enumerate(outs_P):
     for r in range(R) if out is not None else ():
