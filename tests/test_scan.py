@@ -173,7 +173,7 @@ def test_scan_unroll_gives_the_unrolled_stacks_numbers_bitwise(unroll, case, sha
     kw = {k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()}
     cfg = config(shape, scan, **kw, **({"scan_unroll": unroll} if scan else {}))
     got[scan] = forward_and_grads(cfg, tokens, True, Overrides())
-  (p0, l0, r0, g0), (p1, l1, r1, g1) = got[False], got[True]
+  (_, l0, r0, g0), (p1, l1, r1, g1) = got[False], got[True]
   assert "stacks" in nnx.to_pure_dict(p1) and "layers" not in nnx.to_pure_dict(p1)
   np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
   for i in r0:
