@@ -65,7 +65,8 @@ class ModelConfig:
   scan_layers: bool = key(
     True,
     "the layer stack as lax.scans over stacked parameters (moejax.nn.stack): compiles that"
-    " do not grow with depth, slower steps at shallow depth (docs/performance.md)",
+    " do not grow with depth, slower steps at shallow depth (model.scan_unroll;"
+    " docs/performance.md)",
   )
   scan_unroll: int = key(
     1,

@@ -71,7 +71,8 @@ def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
   and this layer's rows of its per-layer fields (`Overrides.rows`), rematerialized by
   policy `name`.
 
-  `scanned`: inside a layer scan, where `none` is `save_expensive` (see `SAVED`). There
+  `scanned`: inside a layer scan that loops, where `none` is `save_expensive` (see `SAVED`;
+  a scan unrolled whole, `model.scan_unroll`, keeps no stacked residuals and passes False). There
   `jax.checkpoint` keeps `prevent_cse=True` too (MaxText passes False when scanning): with
   False, XLA:CPU fuses the recomputation differently and a scanned gradient differs from
   the unrolled one in the last bits; with True, a remat policy gives bitwise-equal
