@@ -72,7 +72,7 @@ class ModelConfig:
     1,
     "periods of layers per trip of a layer scan (lax.scan's unroll); 0: each scan unrolled"
     " whole, no loop: the unrolled program's step time and compile time over the scanned"
-    " layout's stacked parameters and checkpoints (docs/performance.md)",
+    " layout's stacked parameters and checkpoint format (docs/performance.md)",
     ge=0,
   )
   not_modelled: str = key(
