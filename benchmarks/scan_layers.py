@@ -81,7 +81,7 @@ def main() -> None:
     print(f"compile MoE/dense, {layout}: {ratio:.2f}x")
     ratios.append({"ratio": f"compile MoE/dense, {layout}", "value": ratio})
   for kind in ("moe", "dense"):
-    for layout in ("scanned", "unroll0"):
+    for layout in [name for name, (scan, _) in LAYOUTS.items() if scan]:
       step = t[f"{kind}/{layout}"] / t[f"{kind}/unrolled"]
       compile_ratio = built[f"{kind}/{layout}"].compile_s / built[f"{kind}/unrolled"].compile_s
       print(f"step time {layout}/unrolled, {kind}: {step:.3f}; compile {compile_ratio:.2f}x")

@@ -129,26 +129,32 @@ def tiered(pairs, default) -> list:
   ]
 
 
-@pytest.mark.parametrize(
-  "case,shape", tiered([(c, s) for s in SHAPES for c in CASES], DEFAULT_CASES)
-)
-def test_scanned_train_forward_and_gradients_equal_unrolled_bitwise(shape, case):
+def unrolled_against_scanned(shape, case: str, unroll: int = 1) -> dict:
+  """Trains one forward and gradient of CASES[case] unrolled and scanned (`model.scan_unroll`
+  `unroll`); asserts init, logits and router outputs bitwise equal and returns the gradients'
+  relative differences (`assert_same`, each within float32 rounding, 1e-5)."""
   tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 40)
-  got = {}
-  for scan in (False, True):
-    cfg = config(
-      shape, scan, **{k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()}
-    )
-    got[scan] = forward_and_grads(cfg, tokens, True, Overrides())
-  (p0, l0, r0, g0), (p1, l1, r1, g1) = got[False], got[True]
+  kw = {k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()}
+  (p0, l0, r0, g0), (p1, l1, r1, g1) = (
+    forward_and_grads(config(shape, scan, **kw, **layout), tokens, True, Overrides())
+    for scan, layout in ((False, {}), (True, {"scan_unroll": unroll}))
+  )
+  assert "stacks" in nnx.to_pure_dict(p1) and "layers" not in nnx.to_pure_dict(p1)
   assert_same(by_layer(p0, shape), by_layer(p1, shape), "init")
   np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
   assert list(r0) == list(r1) and list(r0)  # the MoE layers, in order
   for i in r0:
     assert_same(r0[i]._asdict(), r1[i]._asdict(), f"router out of layer {i}")
+  return assert_same(by_layer(g0, shape), by_layer(g1, shape), "grads", rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+  "case,shape", tiered([(c, s) for s in SHAPES for c in CASES], DEFAULT_CASES)
+)
+def test_scanned_train_forward_and_gradients_equal_unrolled_bitwise(shape, case):
   # float32 rounding where the layouts' backward programs differ (remat "none": the scanned
   # body recomputes elementwise ops, casts and layout, `remat.save_expensive`); bitwise with remat
-  bad = assert_same(by_layer(g0, shape), by_layer(g1, shape), "grads", rtol=1e-5)
+  bad = unrolled_against_scanned(shape, case)
   print(case, shape, "bitwise" if not bad else max(bad.values()))
   if case in BITWISE_GRADS:
     assert not bad, bad
@@ -167,19 +173,9 @@ UNROLLS = [
 
 @pytest.mark.parametrize("unroll,case,shape", UNROLLS)
 def test_scan_unroll_gives_the_unrolled_stacks_numbers_bitwise(unroll, case, shape):
-  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 40)
-  got = {}
-  for scan in (False, True):
-    kw = {k: dict(v) if isinstance(v, dict) else v for k, v in CASES[case].items()}
-    cfg = config(shape, scan, **kw, **({"scan_unroll": unroll} if scan else {}))
-    got[scan] = forward_and_grads(cfg, tokens, True, Overrides())
-  (_, l0, r0, g0), (p1, l1, r1, g1) = got[False], got[True]
-  assert "stacks" in nnx.to_pure_dict(p1) and "layers" not in nnx.to_pure_dict(p1)
-  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
-  for i in r0:
-    assert_same(r0[i]._asdict(), r1[i]._asdict(), f"router out of layer {i}")
-  bitwise = unroll == 0 or case in BITWISE_GRADS
-  assert_same(by_layer(g0, shape), by_layer(g1, shape), "grads", rtol=0.0 if bitwise else 1e-5)
+  bad = unrolled_against_scanned(shape, case, unroll)
+  if unroll == 0 or case in BITWISE_GRADS:
+    assert not bad, bad
 
 
 @pytest.mark.parametrize(

@@ -257,9 +257,10 @@ class Transformer(nnx.Module):
     return x_BxLxD, routers
 
   def _scanned(self, x_BxLxD, positions_BxL, train, rng, ov):
-    """Each segment as one scan over its periods (`run_segment`). A segment that runs as a
-    loop (`loops`) remats its blocks as a scanned body (`remat.block_call`); one unrolled
-    whole keeps no stacked residuals across a loop, and remats as the unrolled stack does."""
+    """Each segment as one scan over its periods (`run_segment`), `scan_unroll` periods a
+    trip. A segment whose scan loops remats its blocks as a scanned body
+    (`remat.block_call(scanned=True)`); one unrolled whole keeps no stacked residuals
+    across a loop, and remats as the unrolled stack does."""
     moe_index, routers = moe_indices(self.cfg), {}
     for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
       unroll = scan_unroll(self.cfg, seg)
@@ -325,9 +326,7 @@ def scan_unroll(cfg: ModelConfig, seg: stack.Segment) -> int:
   return seg.repeats if cfg.scan_unroll == 0 else min(cfg.scan_unroll, seg.repeats)
 
 
-def run_segment(
-  seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll: int = 1
-):
+def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll):
   """x through `seg.repeats` periods as one `lax.scan`, `unroll` periods a trip; the
   scanned inputs are each position's parameter rows, its layer indices (layer rngs) and its
   MoE layers' override rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
