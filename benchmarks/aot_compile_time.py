@@ -98,10 +98,8 @@ def main() -> None:
 def measure(c, target, args) -> dict:
   """Lowers and compiles the train step of `c` for `target`; prints and returns its figures."""
 
-  def lower():
-    abstract = programs.abstract_run(c, target)
-    step = programs.train_step(abstract)
-    return step.lower(abstract.run.state, abstract.tokens, abstract.rng)
+  def lower():  # traced as `describe` and the precheck trace it (`programs.footprint`)
+    return programs.lower_train_step(programs.abstract_run(c, target), target)
 
   lowered, lower_cpu, lower_wall = _timed(lower)
   compiled, compile_cpu, compile_wall = _timed(lowered.compile)

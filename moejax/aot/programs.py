@@ -116,6 +116,13 @@ def train_step(abstract: Abstract):
   return trainer.compile_steps(abstract.run)[0]
 
 
+def lower_train_step(abstract: Abstract, target: Target):
+  """`train_step` lowered for `target`, traced in `tracing_on(target)` (so its kernels are
+  the ones a host of that accelerator picks)."""
+  with tracing_on(target):
+    return train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
+
+
 def _footprint(c, target: Target, abstract: Abstract, **fields) -> memory.Footprint:
   state = abstract.run.state
   return memory.Footprint(
@@ -159,8 +166,7 @@ def footprint(
   is read from it instead (`Footprint.cached`), and a new answer is written to it."""
   abstract = abstract_run(c, target)
   try:
-    with tracing_on(target):
-      lowered = train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
+    lowered = lower_train_step(abstract, target)
     k = cache.key(lowered.as_text(), target) if store else ""
     hit = store.load(k) if store else None
     answer = hit or _compiled(lowered, abstract, target)
