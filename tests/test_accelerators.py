@@ -31,11 +31,12 @@ import glob
 import os
 import re
 
+import jax
 import pytest
 import quick_gpu
 
 from moejax import aot, cli
-from moejax.aot import custom_calls
+from moejax.aot import custom_calls, programs
 from moejax.kernels import dispatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,6 +289,19 @@ def test_gpu_preset_runs_mosaic_gpu_kernels_on_h100(gpu):
   assert kernels.get("mosaic_gpu", 0) >= 7 and "triton" not in kernels, kernels
   scans = sorted((lp.kind, lp.trips, lp.depth, lp.source.split()[0]) for lp in fp.loops)
   assert scans == [("layers", 2, 0, "bwd"), ("layers", 2, 0, "fwd")], fp.loops
+
+
+def test_lowered_gpu_step_holds_the_h100_hosts_kernels(gpu):
+  """`programs.lower_train_step` (describe, the precheck, benchmarks/aot_compile_time.py)
+  traces on the target's device whatever JAX's default device is: from this CPU host the GPU
+  preset's step lowers tokamax's Mosaic GPU kernels, as on an H100 host, not the Triton ones
+  a CPU default device would pick (aot_compile_time.py measured those until a7c6b02)."""
+  c = tiny("configs/study_calibration.py:gpu", "dropless", "auto")
+  c.model.n_layers = 2
+  assert jax.default_device.value is None and jax.default_backend() == "cpu"
+  lowered = programs.lower_train_step(programs.abstract_run(c, gpu), gpu)
+  kernels = dict(custom_calls.count(lowered.compiler_ir("hlo").as_hlo_text()))
+  assert kernels.get("mosaic_gpu", 0) >= 7 and "triton" not in kernels, kernels
 
 
 # The expansion check's program: one MoE layer of the study's CPU preset (E = 64, K = 8,
