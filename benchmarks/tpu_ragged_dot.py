@@ -8,8 +8,9 @@ Mosaic TPU `ragged_dot`.
 `--train-step`: the TPU preset's whole train step (configs/study_calibration.py:tpu) on
 v5e:4x4 with `impl=megablox` and `impl=tokamax`: per-device FLOPs, temporaries and custom
 calls from the TPU compiler. tokamax picks its Mosaic TPU kernel from JAX's default device,
-so both compile under `jax.default_device(<a compile-only v5e chip>)` (from a CPU host
-without it, `impl=tokamax` falls back to `jax.lax.ragged_dot`).
+so both are lowered by `aot.lower_train_step`, which traces on a compile-only v5e chip as
+the default device (from a CPU host without it, `impl=tokamax` falls back to
+`jax.lax.ragged_dot`).
 
 Writes benchmarks/results/tpu_ragged_dot.json (`--train-step`: tpu_ragged_dot_train_step.json;
 `--result NAME` for another name).
@@ -61,10 +62,7 @@ def train_steps(topology: str, impls: list[str], result: str, sets: list[str]) -
     for assignment in sets:
       _set(c, assignment)
     t = time.perf_counter()
-    with jax.default_device(target.devices[0]):
-      abstract = aot.abstract_run(c, target)
-      step = aot.train_step(abstract)
-      compiled = step.lower(abstract.run.state, abstract.tokens, abstract.rng).compile()
+    compiled = aot.lower_train_step(aot.abstract_run(c, target), target).compile()
     seconds = time.perf_counter() - t
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

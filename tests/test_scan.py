@@ -81,14 +81,22 @@ def by_layer(params, shape) -> dict[str, np.ndarray]:
   return out
 
 
+def forward(cfg: ModelConfig, tokens, train: bool, ov: Overrides):
+  """(params, f): the model's parameters and f(params) -> (logits, routers)."""
+  graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+
+  def f(params):
+    model = nnx.merge(graphdef, params, rest)
+    return model(tokens, train=train, rng=jax.random.key(5), ov=ov, step=jnp.int32(3))
+
+  return params, f
+
+
 def forward_and_grads(cfg: ModelConfig, tokens, train: bool, ov: Overrides):
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, f = forward(cfg, tokens, train, ov)
 
   def loss(params):
-    logits, routers = nnx.merge(graphdef, params, rest)(
-      tokens, train=train, rng=jax.random.key(5), ov=ov, step=jnp.int32(3)
-    )
+    logits, routers = f(params)
     aux = sum(r.logits.sum() * 1e-3 + r.diag.routed_out_rms for r in routers.values())
     return logits.sum() * 1e-2 + aux, (logits, routers)
 
@@ -198,14 +206,8 @@ CHECKPOINTED = [
 def test_a_remat_none_block_is_checkpointed_only_in_a_looping_scan(scan, unroll, remat, blocks):
   remat_p = jax.make_jaxpr(jax.checkpoint(jnp.sin))(1.0).eqns[0].primitive.name
   cfg = config((6, 1, 2), scan, remat=remat, scan_unroll=unroll)
-  graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
-  tokens = jnp.zeros((2, 8), jnp.int32)
-
-  def logits(params):
-    model = nnx.merge(graphdef, params, rest)
-    return model(tokens, train=True, rng=jax.random.key(5), ov=Overrides(), step=jnp.int32(3))[0]
-
-  assert str(jax.make_jaxpr(logits)(params)).count(f"{remat_p}[") == blocks
+  params, f = forward(cfg, jnp.zeros((2, 8), jnp.int32), True, Overrides())
+  assert str(jax.make_jaxpr(lambda p: f(p)[0])(params)).count(f"{remat_p}[") == blocks
 
 
 @pytest.mark.parametrize(

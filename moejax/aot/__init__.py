@@ -31,6 +31,7 @@ from moejax.aot.programs import (  # noqa: F401
   footprint,
   grid_forward,
   impl_on,
+  lower_train_step,
   train_step,
 )
 from moejax.aot.targets import (  # noqa: F401
