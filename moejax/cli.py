@@ -171,6 +171,21 @@ def config_path(argv: list[str]) -> str | None:
   return None
 
 
+_OS_ERRORS = {
+  FileNotFoundError: "no such file or directory",
+  PermissionError: "permission denied",
+  IsADirectoryError: "is a directory",
+}
+
+
+def os_error_line(e: OSError) -> str:
+  """`reason: path` for an OSError, whether raised by the OS (strerror and filename set) or
+  by a filesystem library that passes only the path (gcsfs: `FileNotFoundError(path)`)."""
+  reason = e.strerror or _OS_ERRORS.get(type(e), type(e).__name__)
+  where = e.filename if e.filename is not None else " ".join(map(str, e.args))
+  return f"{reason}: {where}" if where else reason
+
+
 def run_main(main: Callable[[], int | None]) -> None:
   """Runs `main`, mapping UserError / missing files to one line and exit code 2."""
   try:
@@ -178,7 +193,7 @@ def run_main(main: Callable[[], int | None]) -> None:
   except UserError as e:
     fail(e)
   except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-    fail(f"{e.strerror}: {e.filename}")
+    fail(os_error_line(e))
   except KeyboardInterrupt:  # outside the train loop, which saves and exits 0 on Ctrl-C
     fail("interrupted outside the train loop (in the loop, Ctrl-C checkpoints and exits 0)", 130)
   sys.exit(code or 0)

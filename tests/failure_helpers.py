@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import ml_collections
@@ -139,3 +140,18 @@ def results_on_host_devices(script: str, path, n_devices: int, timeout: int = 60
   lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULTS ")]
   assert len(lines) == 1, proc.stdout[-2000:]
   return json.loads(lines[0][len("RESULTS ") :])
+
+
+def kill_when(proc: subprocess.Popen, condition, timeout: float = 300, poll_s: float = 0.002):
+  """SIGKILLs `proc` as soon as `condition()` holds (polled every `poll_s`); fails the test
+  with `proc`'s exit code and the tail of its stderr if it exits, or times out, first."""
+  deadline = time.time() + timeout
+  while proc.poll() is None and time.time() < deadline:
+    if condition():
+      proc.kill()
+      proc.wait()
+      return
+    time.sleep(poll_s)
+  proc.kill()
+  _, err = proc.communicate()
+  pytest.fail(f"exited {proc.returncode} before the kill condition held:\n{err[-3000:]}")

@@ -331,3 +331,17 @@ def test_missing_config_file_without_overrides_is_one_line_exit_2(tmp_path):
   proc = run_cli("--workdir", str(tmp_path / "w"), config=missing)
   assert_user_error(proc, "nope.py")
   assert not (tmp_path / "w").exists()
+
+
+def test_an_os_error_line_names_the_path_however_the_error_was_raised(tmp_path):
+  from moejax.cli import os_error_line  # pylint: disable=import-outside-toplevel
+
+  missing = str(tmp_path / "nope.json")
+  with pytest.raises(FileNotFoundError) as raised:
+    open(missing).close()  # noqa: SIM115  (the OS fills strerror and filename)
+  assert os_error_line(raised.value) == f"No such file or directory: {missing}"
+  # gcsfs and fsspec pass only the path, e.g. when a deletion finds nothing to delete
+  assert os_error_line(FileNotFoundError("gs://b/run/checkpoints/3")) == (
+    "no such file or directory: gs://b/run/checkpoints/3"
+  )
+  assert os_error_line(PermissionError()) == "permission denied"

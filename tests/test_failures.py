@@ -136,6 +136,17 @@ def test_truncated_latest_is_named_and_the_run_resumes_from_the_previous(referen
   same_rows(metric_rows(workdir), metric_rows(reference[0]))
 
 
+def test_an_unfinished_save_is_removed_and_committed_steps_are_kept(reference, tmp_path):
+  workdir = copy_run(reference[0], tmp_path / "unfinished")
+  ckpt = os.path.join(workdir, "checkpoints")
+  committed = sorted(os.listdir(ckpt))
+  unfinished = os.path.join(ckpt, f"{STEPS + CKPT}.orbax-checkpoint-tmp-1764892800000000")
+  shutil.copytree(os.path.join(ckpt, str(STEPS)), unfinished)  # what a kill mid-save leaves
+  assert checkpoint.remove_unfinished_saves(workdir) == [unfinished]
+  assert sorted(os.listdir(ckpt)) == committed
+  assert checkpoint.remove_unfinished_saves(workdir) == []
+
+
 def test_no_readable_checkpoint_is_a_clear_error_naming_each(reference, tmp_path):
   workdir = copy_run(reference[0], tmp_path / "all_bad")
   bad = [truncate_state(workdir, s) for s in checkpoint.manager(workdir).all_steps()]

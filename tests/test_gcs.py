@@ -21,10 +21,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-from failure_helpers import TINY, assert_trees_equal, cli_args, same_rows, tiny
+from failure_helpers import TINY, assert_trees_equal, cli_args, kill_when, same_rows, tiny
 from gcs_fixture import filesystem, gcs  # noqa: F401  (gcs: the session's server)
 
 from moejax import runio
@@ -42,6 +41,7 @@ RUN = {
   "eval.after_train": False,
 }
 TIMEOUT_S = 300  # one trainer or evaluator process
+POLL_S = 0.01  # a kill condition's poll: each is a listing request to the server
 
 
 @pytest.fixture(scope="module")
@@ -122,19 +122,6 @@ def saving(workdir: str) -> list[str]:
   return [f"{root}{s}" for s in sorted(files) if s > max(committed, default=-1)]
 
 
-def kill_when(proc: subprocess.Popen, condition, timeout: float = TIMEOUT_S) -> bool:
-  """SIGKILLs `proc` as soon as `condition()` holds; False if it exited first."""
-  deadline = time.time() + timeout
-  while proc.poll() is None and time.time() < deadline:
-    if condition():
-      proc.kill()
-      proc.wait()
-      return True
-    time.sleep(0.01)
-  proc.communicate()
-  return False
-
-
 @pytest.fixture(scope="module")
 def abstract():
   return trainer.build(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()}), None).state
@@ -174,6 +161,20 @@ def test_runio_on_gs_writes_appends_uploads_and_moves_a_folder(gcs):  # noqa: F8
   assert runio.exists(f"{run}/config.json")  # nothing else was touched
 
 
+def test_an_unfinished_save_on_gs_is_removed_and_committed_steps_are_kept(gcs):  # noqa: F811
+  run = gcs.uri("unfinished")
+  committed = ["commit_success.txt", "state/commit_success.txt", "state/manifest.ocdbt"]
+  for name in committed:  # step 2 committed: orbax wrote commit_success.txt last
+    runio.write_text(f"{run}/checkpoints/2/{name}", name)
+  for name in ("_CHECKPOINT_METADATA", "state/manifest.ocdbt"):  # step 4: killed mid-save
+    runio.write_text(f"{run}/checkpoints/4/{name}", name)
+  assert checkpoint.remove_unfinished_saves(run) == [f"{run}/checkpoints/4"]
+  fs = filesystem()
+  left = sorted(p.split("/checkpoints/", 1)[1] for p in fs.find(f"{run}/checkpoints"))
+  assert left == sorted(f"2/{name}" for name in committed)
+  assert checkpoint.remove_unfinished_saves(run) == []
+
+
 @pytest.mark.full
 def test_a_gs_run_equals_the_local_run(runs, abstract):
   local, remote = runs
@@ -197,12 +198,12 @@ def test_kill_9_at_three_points_on_gs_then_rerun_matches_the_local_run(
 ):
   local, workdir = runs[0], gcs.uri("killed")
   first = train(workdir, env)
-  assert kill_when(first, lambda: len(logged_steps(workdir)) >= 1), first.stderr.read()
+  kill_when(first, lambda: len(logged_steps(workdir)) >= 1, TIMEOUT_S, POLL_S)
   during_save = train(workdir, env, **{"train.ckpt_every": 1})  # a save after every step
-  assert kill_when(during_save, lambda: bool(saving(workdir))), "never saw a save in progress"
+  kill_when(during_save, lambda: bool(saving(workdir)), TIMEOUT_S, POLL_S)
   assert saving(workdir)  # the kill landed mid-save: an uncommitted step directory is left
   third = train(workdir, env)
-  assert kill_when(third, lambda: max(logged_steps(workdir), default=0) >= STEPS - 2)
+  kill_when(third, lambda: max(logged_steps(workdir), default=0) >= STEPS - 2, TIMEOUT_S, POLL_S)
   finish(train(workdir, env))
   assert logged_steps(workdir) == list(range(1, STEPS + 1))
   same_rows(rows(workdir), rows(local))

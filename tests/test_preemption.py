@@ -13,7 +13,15 @@ import sys
 import time
 
 import pytest
-from failure_helpers import TINY, assert_trees_equal, cli_args, metric_rows, same_rows, tiny
+from failure_helpers import (
+  TINY,
+  assert_trees_equal,
+  cli_args,
+  kill_when,
+  metric_rows,
+  same_rows,
+  tiny,
+)
 from tiers import FULL, one_default
 
 from moejax.training import checkpoint, trainer
@@ -71,30 +79,17 @@ def saving(workdir: str) -> bool:
   return bool(glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*")))
 
 
-def kill_when(proc: subprocess.Popen, condition, timeout: float = 300) -> bool:
-  """SIGKILLs `proc` as soon as `condition()` holds; False if it exited first."""
-  deadline = time.time() + timeout
-  while proc.poll() is None and time.time() < deadline:
-    if condition():
-      proc.kill()
-      proc.wait()
-      return True
-    time.sleep(0.002)
-  proc.communicate()
-  return False
-
-
 @FULL
 def test_kill_9_at_three_points_then_rerun_matches_an_uninterrupted_run(env, tmp_path):
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "killed")
   ref = start(reference, env)
   first = start(workdir, env)
-  assert kill_when(first, lambda: len(logged_steps(workdir)) >= 1), first.stderr.read()
+  kill_when(first, lambda: len(logged_steps(workdir)) >= 1)
   during_save = start(workdir, env)
-  assert kill_when(during_save, lambda: saving(workdir)), "never saw a save in progress"
+  kill_when(during_save, lambda: saving(workdir))
   assert saving(workdir)  # the kill landed mid-save: its temporary directory is left behind
   third = start(workdir, env)
-  assert kill_when(third, lambda: max(logged_steps(workdir), default=0) >= STEPS - 5)
+  kill_when(third, lambda: max(logged_steps(workdir), default=0) >= STEPS - 5)
   last = start(workdir, env)
   _, err = last.communicate(timeout=300)
   assert last.returncode == 0, err[-3000:]

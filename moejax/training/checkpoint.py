@@ -1,9 +1,11 @@
 """Orbax checkpoints of a run: train state (params, router biases, optimizer) + data state.
 
 Layout: `DIR/checkpoints/<step>/{state,data}` (orbax step directories). Saving is atomic
-(orbax writes to a temporary directory and renames), so an interrupted save never hides
-the previous good checkpoint, and old steps are deleted only after a newer one is
-committed. A committed but unreadable checkpoint (a truncated file) is moved to
+(orbax writes to a temporary directory and renames it; on gs://, which has no rename, it
+writes the step in place and commits it with commit_success.txt last), so an interrupted
+save never hides the previous good checkpoint, and old steps are deleted only after a
+newer one is committed. The trainer removes an interrupted save's directory when it
+starts (`remove_unfinished_saves`). A committed but unreadable checkpoint (a truncated file) is moved to
 `DIR/checkpoints_corrupt/<step>` by `restore_latest_good`, which resumes from the newest
 readable one.
 """
@@ -24,17 +26,38 @@ from moejax import runio
 from moejax.errors import UserError
 
 
+def _directory(workdir: str) -> str:
+  directory = os.path.join(workdir, "checkpoints")  # os.path.join keeps gs:// as it is
+  return directory if "://" in directory else os.path.abspath(directory)
+
+
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
-  """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps."""
+  """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps. It deletes
+  nothing at start (orbax's `cleanup_tmp_directories` would, in a background thread that
+  races the run's own reads and writes): the trainer calls `remove_unfinished_saves`."""
   options = ocp.CheckpointManagerOptions(
-    max_to_keep=keep, create=True, cleanup_tmp_directories=True
+    max_to_keep=keep, create=True, cleanup_tmp_directories=False
   )
-  directory = os.path.join(workdir, "checkpoints")
-  return ocp.CheckpointManager(
-    directory if "://" in directory else os.path.abspath(directory),
-    options=options,
-    item_names=("state", "data"),
-  )
+  return ocp.CheckpointManager(_directory(workdir), options=options, item_names=("state", "data"))
+
+
+def remove_unfinished_saves(workdir: str) -> list[str]:
+  """Deletes the step directories of saves that never committed (a kill mid-save) and
+  returns them: orbax's temporary directories on a local disk, step directories without
+  commit_success.txt on gs://. Synchronous, before any manager reads the directory;
+  process 0 only (the others wait for it at the train step's first collective).
+
+  A directory an object store listed but that holds nothing by the time it is deleted
+  (gcsfs: FileNotFoundError, "nothing got deleted") is gone already, which is the goal."""
+  directory = runio.path(_directory(workdir))
+  if jax.process_index() != 0 or not directory.exists():
+    return []
+  removed = []
+  for tmp in ocp.path.step.all_temporary_paths(directory):
+    with contextlib.suppress(FileNotFoundError):
+      tmp.get().rmtree()
+    removed.append(str(tmp.get()))
+  return removed
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -> None:
@@ -162,7 +185,7 @@ def restore_latest_good(
 
 def _move_aside(workdir: str, directory, step: int) -> str:
   """Moves `checkpoints/<step>` to `checkpoints_corrupt/<step>[.n]`; returns the new path."""
-  root = os.path.join(workdir, "checkpoints_corrupt")  # os.path.join keeps gs:// as it is
+  root = os.path.join(workdir, "checkpoints_corrupt")
   dest, n = os.path.join(root, str(step)), 1
   while runio.exists(dest):
     dest, n = os.path.join(root, f"{step}.{n}"), n + 1

@@ -129,6 +129,8 @@ def heldout_loss(run: Run, eval_step, state, n_sequences: int) -> float:
 def resume(run: Run, workdir: str, it, log):
   """(manager, start step, state): the newest readable checkpoint, or step 0."""
   c = run.config
+  for path in checkpoint.remove_unfinished_saves(workdir):
+    log(f"removed {path}: a checkpoint save that did not finish (the run was killed mid-save)")
   mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
   mngr, restored = checkpoint.restore_latest_good(workdir, mngr, run.state, log)
   if restored is None:
