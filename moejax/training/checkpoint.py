@@ -5,9 +5,9 @@ Layout: `DIR/checkpoints/<step>/{state,data}` (orbax step directories). Saving i
 writes the step in place and commits it with commit_success.txt last), so an interrupted
 save never hides the previous good checkpoint, and old steps are deleted only after a
 newer one is committed. The trainer removes an interrupted save's directory when it
-starts (`remove_unfinished_saves`). A committed but unreadable checkpoint (a truncated file) is moved to
-`DIR/checkpoints_corrupt/<step>` by `restore_latest_good`, which resumes from the newest
-readable one.
+starts (`remove_unfinished_saves`). A committed but unreadable checkpoint (a truncated
+file) is moved to `DIR/checkpoints_corrupt/<step>` by `restore_latest_good`, which resumes
+from the newest readable one.
 """
 
 from __future__ import annotations
@@ -48,16 +48,19 @@ def remove_unfinished_saves(workdir: str) -> list[str]:
   process 0 only (the others wait for it at the train step's first collective).
 
   A directory an object store listed but that holds nothing by the time it is deleted
-  (gcsfs: FileNotFoundError, "nothing got deleted") is gone already, which is the goal."""
+  (gcsfs: FileNotFoundError, "nothing got deleted") is gone already, which is the goal; a
+  second pass takes what a directory placeholder object kept (as orbax's gcs_utils.rmtree)."""
   directory = runio.path(_directory(workdir))
   if jax.process_index() != 0 or not directory.exists():
     return []
-  removed = []
-  for tmp in ocp.path.step.all_temporary_paths(directory):
-    with contextlib.suppress(FileNotFoundError):
-      tmp.get().rmtree()
-    removed.append(str(tmp.get()))
-  return removed
+  removed = [tmp.get() for tmp in ocp.path.step.all_temporary_paths(directory)]
+  for path in removed:
+    for _ in range(2):
+      with contextlib.suppress(FileNotFoundError):
+        path.rmtree()
+      if not path.exists():
+        break
+  return [str(path) for path in removed]
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -> None:
