@@ -187,13 +187,21 @@ def os_error_line(e: OSError) -> str:
 
 
 def run_main(main: Callable[[], int | None]) -> None:
-  """Runs `main`, mapping UserError / missing files to one line and exit code 2."""
+  """Runs `main`, mapping UserError / missing files to one line and exit code 2. With
+  MOEJAX_TRACEBACK=1 the traceback is printed above that line (where a library raised it)."""
   try:
     code = main()
   except UserError as e:
+    _traceback_if_asked()
     fail(e)
   except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+    _traceback_if_asked()
     fail(os_error_line(e))
   except KeyboardInterrupt:  # outside the train loop, which saves and exits 0 on Ctrl-C
     fail("interrupted outside the train loop (in the loop, Ctrl-C checkpoints and exits 0)", 130)
   sys.exit(code or 0)
+
+
+def _traceback_if_asked() -> None:
+  if os.environ.get("MOEJAX_TRACEBACK") == "1":
+    traceback.print_exc()

@@ -345,3 +345,21 @@ def test_an_os_error_line_names_the_path_however_the_error_was_raised(tmp_path):
     "no such file or directory: gs://b/run/checkpoints/3"
   )
   assert os_error_line(PermissionError()) == "permission denied"
+
+
+def test_moejax_traceback_prints_the_traceback_above_the_one_line_error(tmp_path):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  proc = subprocess.run(
+    command("--workdir", str(a_file / "run")),
+    check=False,
+    cwd=REPO,
+    env={**env(), "MOEJAX_TRACEBACK": "1"},
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  lines = proc.stderr.splitlines()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback (most recent call last):" in lines, proc.stderr[-3000:]
+  assert lines[-1].startswith("error: ") and "is a file" in lines[-1], lines[-1]

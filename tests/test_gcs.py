@@ -50,6 +50,7 @@ def env(gcs, tmp_path_factory):  # noqa: F811
   return {
     **os.environ,  # the fixture's GCS variables included
     "WANDB_MODE": "disabled",
+    "MOEJAX_TRACEBACK": "1",  # a run that fails shows where (moejax.cli.run_main)
     "JAX_PLATFORMS": "cpu",
     "PYTHONPATH": REPO,
     "JAX_COMPILATION_CACHE_DIR": cache,

@@ -44,6 +44,7 @@ def env(tmp_path_factory):
   return {
     **os.environ,
     "WANDB_MODE": "disabled",
+    "MOEJAX_TRACEBACK": "1",  # a run that fails shows where (moejax.cli.run_main)
     "PYTHONPATH": REPO,
     "JAX_COMPILATION_CACHE_DIR": cache,
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
