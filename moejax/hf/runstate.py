@@ -9,7 +9,6 @@ restore would not find `opt_state`; `guard.py` refuses training with a clear lin
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
@@ -68,7 +67,7 @@ def _writer(workdir: str) -> ocp.CheckpointManager:
     (jax.Array, ocp.type_handlers.ArrayHandler()),
   )
   return ocp.CheckpointManager(
-    os.path.abspath(os.path.join(workdir, "checkpoints")),
+    checkpoint.directory(workdir),
     options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True),
     item_handlers={
       "state": ocp.PyTreeCheckpointHandler(type_handler_registry=registry, use_ocdbt=False),

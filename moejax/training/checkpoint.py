@@ -26,9 +26,10 @@ from moejax import runio
 from moejax.errors import UserError
 
 
-def _directory(workdir: str) -> str:
-  directory = os.path.join(workdir, "checkpoints")  # os.path.join keeps gs:// as it is
-  return directory if "://" in directory else os.path.abspath(directory)
+def directory(workdir: str) -> str:
+  """`DIR/checkpoints`: absolute on a local disk, as given on gs://."""
+  path = os.path.join(workdir, "checkpoints")  # os.path.join keeps gs:// as it is
+  return path if "://" in path else os.path.abspath(path)
 
 
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
@@ -38,7 +39,7 @@ def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
     max_to_keep=keep, create=True, cleanup_tmp_directories=False
   )
-  return ocp.CheckpointManager(_directory(workdir), options=options, item_names=("state", "data"))
+  return ocp.CheckpointManager(directory(workdir), options=options, item_names=("state", "data"))
 
 
 def remove_unfinished_saves(workdir: str) -> list[str]:
@@ -50,10 +51,10 @@ def remove_unfinished_saves(workdir: str) -> list[str]:
   A directory an object store listed but that holds nothing by the time it is deleted
   (gcsfs: FileNotFoundError, "nothing got deleted") is gone already, which is the goal; a
   second pass takes what a directory placeholder object kept (as orbax's gcs_utils.rmtree)."""
-  directory = runio.path(_directory(workdir))
-  if jax.process_index() != 0 or not directory.exists():
+  root = runio.path(directory(workdir))
+  if jax.process_index() != 0 or not root.exists():
     return []
-  removed = [tmp.get() for tmp in ocp.path.step.all_temporary_paths(directory)]
+  removed = [tmp.get() for tmp in ocp.path.step.all_temporary_paths(root)]
   for path in removed:
     for _ in range(2):
       with contextlib.suppress(FileNotFoundError):
