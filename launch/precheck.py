@@ -195,9 +195,25 @@ def _check(job: tuple) -> tuple[bool, str]:
     return False, str(e)
 
 
-def default_workers(n_programs: int) -> int:
-  """One process per core, at most one per program (a compile is single-threaded mostly)."""
-  return max(1, min(n_programs, os.cpu_count() or 1))
+# Cores one compile keeps busy, by compiler (`compile_threads`). XLA:TPU's compiles in
+# threads: the TPU preset's step took 72 CPU-s in 39 s of wall on a 2-core host, and two
+# at once there took 12 % more CPU-s and longer than one after the other (docs/cloud.md,
+# "How long the precheck takes here"). XLA:GPU's ran on under one core (16 CPU-s in 22 s).
+COMPILE_THREADS = {"tpu": 2, "cuda": 1}
+
+
+def compile_threads(accelerators: str) -> int:
+  """`COMPILE_THREADS` of the compiler that checks `accelerators` (a TPU slice or GPUs)."""
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+
+  tpu = aot.topology_of_accelerator(accelerators) is not None
+  return COMPILE_THREADS["tpu" if tpu else "cuda"]
+
+
+def default_workers(n_programs: int, threads: int = 1) -> int:
+  """One process per `threads` cores (`compile_threads`), at least one, at most one per
+  program."""
+  return max(1, min(n_programs, (os.cpu_count() or 1) // threads))
 
 
 def check_runs(
@@ -211,7 +227,7 @@ def check_runs(
   fresh: bool = False,
 ) -> None:
   """Every run's placeholders, then its program on its accelerator: one compile per memory
-  signature (`per_run`: per run), distinct ones in `workers` processes (0: one per core).
+  signature (`per_run`: per run), distinct ones in `workers` processes (0: `default_workers`).
   Compiled answers are kept in `cache_dir` (an `aot.cache.Store`; "": its default
   directory; None: none) and read from it unless `fresh`. Raises a one-line UserError for
   the first run refused, in the sweep's order."""
@@ -231,7 +247,8 @@ def check_runs(
     key_of[run.name] = key
     if key not in jobs:
       jobs[key] = (run.name, c.to_dict(), compute.accelerators, compute.num_nodes, store)
-  results = _run_jobs(jobs, workers or default_workers(len(jobs)), log)
+  threads = max((compile_threads(acc) for acc, _, _ in jobs), default=1)
+  results = _run_jobs(jobs, workers or default_workers(len(jobs), threads), log)
   shared = {k: sum(1 for v in key_of.values() if v == k) for k in jobs}
   for run in runs:
     key = key_of[run.name]

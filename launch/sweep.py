@@ -51,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
     "--precheck-workers",
     type=int,
     default=0,
-    help="sky: processes compiling the precheck's distinct programs (default: one per core)",
+    help="sky: processes compiling the precheck's distinct programs (default 0: one per core "
+    "for GPUs, one per two cores for TPU slices, whose compiler runs on two)",
   )
   p.add_argument(
     "--precheck-per-run",
@@ -77,7 +78,7 @@ def check_args(args) -> None:
   if args.precheck_workers < 0:
     raise UserError(
       f"--precheck-workers {args.precheck_workers} is not allowed; use an int >= 1, "
-      "or 0 for one per core"
+      "or 0 for the default (one per core, one per two cores for TPU slices)"
     )
   given = [k for k, default in PRECHECK.items() if getattr(args, k) != default]
   if args.backend == "local" and given:

@@ -179,7 +179,7 @@ def cases(world) -> dict[str, tuple[list[str], str, list[str]]]:
                                    "--precheck-per-run", "--precheck-workers", "3"], sweeps,
                                   ["--precheck-workers, --precheck-per-run", "--backend sky"]),
     "sweep_negative_workers": ([*launch, sweep["good"], "--backend", "sky", "--precheck-workers",
-                                "-3"], sweeps, ["--precheck-workers -3", "0 for one per core"]),
+                                "-3"], sweeps, ["--precheck-workers -3", "0 for the default"]),
     "evaluate_without_checkpoints": ([sys.executable, "-m", "moejax.evaluate", "--workdir", ev],
                                      ev, [f"--workdir {ev}", "checkpoints"]),
   }  # fmt: skip

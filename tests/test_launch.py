@@ -434,6 +434,38 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
     check(spec.Sweep("s", big, sweep.compute), big, compute, lines.append)
 
 
+@pytest.mark.parametrize(
+  "accelerators, n_runs, cores, workers",
+  [
+    (("H100:8",), 3, 8, 3),  # one per core, at most one per program
+    (("H100:8",), 12, 8, 8),
+    (("tpu-v5e-16",), 12, 8, 4),  # XLA:TPU keeps two cores busy
+    (("tpu-v5e-16",), 12, 2, 1),
+    (("tpu-v5e-16",), 12, 1, 1),  # never none
+    (("H100:8", "tpu-v5e-16"), 12, 8, 4),  # a TPU program in the mix sets it
+  ],
+)
+def test_check_runs_default_workers_follow_the_compiler(
+  monkeypatch, accelerators, n_runs, cores, workers
+):
+  from launch import precheck  # pylint: disable=import-outside-toplevel
+
+  seen = []
+  monkeypatch.setattr(precheck.os, "cpu_count", lambda: cores)
+  monkeypatch.setattr(
+    precheck, "_run_jobs", lambda jobs, w, log: seen.append(w) or dict.fromkeys(jobs, (True, "ok"))
+  )
+  runs = [
+    spec.RunSpec(f"r{i}", "configs/quickstart.py", {"data.batch_size": 8 * (i + 1)}, {},
+                 compute=f"c{i % len(accelerators)}")
+    for i in range(n_runs)
+  ]  # fmt: skip
+  compute = {f"c{i}": {"accelerators": a} for i, a in enumerate(accelerators)}
+  sweep = spec.Sweep("s", runs, compute=compute)
+  precheck.check_runs(sweep, runs, lambda r: sky.compute_for(sweep, r, "", False), lambda _: None)
+  assert seen == [workers]
+
+
 @FULL
 def test_sky_refuses_a_gpu_run_that_does_not_fit(sky_mini, tmp_path):
   """131072-token sequences with XLA attention: the L x L scores per device, over 59.33 GiB."""
