@@ -195,10 +195,11 @@ def _check(job: tuple) -> tuple[bool, str]:
     return False, str(e)
 
 
-# Cores one compile keeps busy, by compiler (`compile_threads`). XLA:TPU's compiles in
+# Cores one compile keeps busy, by compiler (`compile_threads`). XLA:TPU compiles in
 # threads: the TPU preset's step took 72 CPU-s in 39 s of wall on a 2-core host, and two
-# at once there took 12 % more CPU-s and longer than one after the other (docs/cloud.md,
-# "How long the precheck takes here"). XLA:GPU's ran on under one core (16 CPU-s in 22 s).
+# compiles at once there took 12-17 % more CPU-s and longer than one after the other
+# (docs/cloud.md, "How long the precheck takes here"). XLA:GPU's compile of the GPU preset
+# ran on under one core (16 CPU-s in 22 s). Measured on 2 cores only.
 COMPILE_THREADS = {"tpu": 2, "cuda": 1}
 
 
