@@ -204,10 +204,14 @@ COMPILE_THREADS = {"tpu": 2, "cuda": 1}
 
 
 def compile_threads(accelerators: str) -> int:
-  """`COMPILE_THREADS` of the compiler that checks `accelerators` (a TPU slice or GPUs)."""
+  """`COMPILE_THREADS` of the compiler that checks `accelerators` (a TPU slice or GPUs). A
+  TPU name the topology refuses counts as TPU: its job reports the refusal, naming the run."""
   from moejax import aot  # pylint: disable=import-outside-toplevel
 
-  tpu = aot.topology_of_accelerator(accelerators) is not None
+  try:
+    tpu = aot.topology_of_accelerator(accelerators) is not None
+  except UserError:
+    tpu = True
   return COMPILE_THREADS["tpu" if tpu else "cuda"]
 
 

@@ -443,6 +443,7 @@ def test_check_runs_compiles_once_per_signature_unless_per_run(monkeypatch):
     (("tpu-v5e-16",), 12, 2, 1),
     (("tpu-v5e-16",), 12, 1, 1),  # never none
     (("H100:8", "tpu-v5e-16"), 12, 8, 4),  # a TPU program in the mix sets it
+    (("tpu-v5e-12",), 12, 8, 4),  # refused by its job (12 chips), still a TPU program
   ],
 )
 def test_check_runs_default_workers_follow_the_compiler(
