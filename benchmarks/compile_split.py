@@ -24,21 +24,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from aot_compile_time import _set
 from common import write_result
 from study_shape import study_config
-from train_step import dense_twin
-
-from moejax import build, sharding
-from moejax.training import step as step_lib
-from moejax.training import trainer
+from train_step import dense_twin, step_and_args
 
 PARTS = ("trace_s", "lower_s", "compile_s")
 
 
 def parts(c) -> tuple[float, float, float]:
   """(trace, lower, XLA compile) seconds of `c`'s train step, built fresh."""
-  run = trainer.build(c, workdir=None)
-  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
-  fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
-  args = (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))
+  _, fn, args = step_and_args(c)
   t0 = time.perf_counter()
   traced = jax.jit(fn).trace(*args)
   t1 = time.perf_counter()

@@ -90,11 +90,17 @@ def _memory(fn, *args) -> tuple[int, int]:
   return used - m.alias_size_in_bytes, m.temp_size_in_bytes
 
 
-def jitted_step(c) -> Built:
+def step_and_args(c) -> tuple:
+  """(run, train step, its arguments) of config `c`, built fresh: the step moejax.train
+  runs, on the first batch."""
   run = trainer.build(c, workdir=None)
   lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
-  args = (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))
+  return run, step_fn, (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))
+
+
+def jitted_step(c) -> Built:
+  run, step_fn, args = step_and_args(c)
   t = time.perf_counter()
   compiled = jax.jit(step_fn).lower(*args).compile()
   compile_s = time.perf_counter() - t

@@ -215,7 +215,7 @@ def compile_threads(accelerators: str) -> int:
   return COMPILE_THREADS["tpu" if tpu else "cuda"]
 
 
-def default_workers(n_programs: int, threads: int = 1) -> int:
+def default_workers(n_programs: int, threads: int) -> int:
   """One process per `threads` cores (`compile_threads`), at least one, at most one per
   program."""
   return max(1, min(n_programs, (os.cpu_count() or 1) // threads))
