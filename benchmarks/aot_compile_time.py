@@ -9,9 +9,11 @@ compiler's bytes per device: what one program costs the sweep precheck (launch/p
 Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler's threads).
 `--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
 one process, and prints the compile ratio scanned/unrolled; `--depths 8,32` compiles it at
-each `model.n_layers` (the ratio of the two). `--hlo-stats` (with `--gpu`) adds what each
-compiled step does per step, read from its optimized HLO (kernels launched, while loops,
-dynamic-update-slice fusions, elementwise fusions' bytes, zero fills: `hlo_stats.py`). Writes
+each `model.n_layers` (the ratio of the two). Each compile takes the target's XLA options
+(`moejax.compile_options`, as `describe` and the precheck compile); `--xla-defaults` drops
+them. `--hlo-stats` (with `--gpu`) adds what each compiled step does per step, read from its
+optimized HLO (kernels launched, while loops, dynamic-update-slice fusions, elementwise
+fusions' bytes, zero fills: `hlo_stats.py`). Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """
@@ -64,6 +66,11 @@ def main() -> None:
     action="store_true",
     help="--gpu only: each program's kernels, loops and bytes per step (hlo_stats.py)",
   )
+  p.add_argument(
+    "--xla-defaults",
+    action="store_true",
+    help="compile without moejax's XLA options for the target (moejax.compile_options)",
+  )
   p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   if args.hlo_stats and not args.gpu:
@@ -72,8 +79,11 @@ def main() -> None:
   for assignment in args.set:
     _set(c, assignment)
   target = aot.tpu_target(args.topology) if args.topology else aot.gpu_target(args.gpu)
+  if args.xla_defaults:
+    target = target._replace(compiler_options=())
   layouts = [v for v in args.layouts.split(",") if v]
   figures = {"config": args.config, "target": target.name, "set": " ".join(args.set)}
+  figures["compiler_options"] = " ".join(f"{k}={v}" for k, v in target.compiler_options) or "-"
   depths = [int(v) for v in args.depths.split(",") if v]
   rows = []
   for layout in layouts or [""]:
@@ -102,7 +112,7 @@ def measure(c, target, args) -> dict:
     return programs.lower_train_step(programs.abstract_run(c, target), target)
 
   lowered, lower_cpu, lower_wall = _timed(lower)
-  compiled, compile_cpu, compile_wall = _timed(lowered.compile)
+  compiled, compile_cpu, compile_wall = _timed(lambda: target.compile(lowered))
   ma = compiled.memory_analysis()
   print(f"{args.config} on {target.name} {' '.join(args.set)}")
   print(f"  lower:   {lower_cpu:6.1f} CPU-s {lower_wall:6.1f} s")

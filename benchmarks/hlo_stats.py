@@ -71,9 +71,9 @@ def _written(instr: loops.Instr) -> int:
 
 
 def _instr_stats(instr: loops.Instr, in_entry: bool) -> Stats:
-  # loops.FREE launches nothing; neither does an async op's "-done", which waits for the
-  # "-start" that launched it.
-  if instr.opcode in loops.FREE or instr.opcode.endswith("-done"):
+  # loops.launches_nothing (views, control, AllocateBuffer) launches nothing; neither does an
+  # async op's "-done", which waits for the "-start" that launched it.
+  if loops.launches_nothing(instr) or instr.opcode.endswith("-done"):
     return NONE
   name = _names(instr)
   dus = instr.opcode.startswith("fusion") and "dynamic_update_slice" in name

@@ -35,7 +35,7 @@ import jax
 import pytest
 import quick_gpu
 
-from moejax import aot, cli
+from moejax import aot, cli, compile_options
 from moejax.aot import custom_calls, programs
 from moejax.kernels import dispatch
 
@@ -166,14 +166,15 @@ def tpu() -> aot.Target:
 def gpu() -> aot.Target:
   if not aot.cuda_available() and not os.environ.get("MOEJAX_REQUIRE_GPU"):
     pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
-  return aot.gpu_target(GPU)._replace(compiler_options=quick_gpu.OPTIONS)
+  target = aot.gpu_target(GPU)
+  return target._replace(compiler_options=target.compiler_options + quick_gpu.OPTIONS)
 
 
 @pytest.mark.full
 def test_quick_gpu_compile_keeps_the_footprint(gpu):
   case = ("configs/qwen3_moe.py", "dropless", "auto")
   quick = _compile(gpu, case)
-  tuned = _compile(gpu._replace(compiler_options=()), case)
+  tuned = _compile(aot.gpu_target(GPU), case)
   for field in ("temporaries", "arguments", "outputs", "kernels", "loops"):
     assert getattr(quick, field) == getattr(tuned, field), field
 
@@ -289,6 +290,21 @@ def test_gpu_preset_runs_mosaic_gpu_kernels_on_h100(gpu):
   assert kernels.get("mosaic_gpu", 0) >= 7 and "triton" not in kernels, kernels
   scans = sorted((lp.kind, lp.trips, lp.depth, lp.source.split()[0]) for lp in fp.loops)
   assert scans == [("layers", 2, 0, "bwd"), ("layers", 2, 0, "fwd")], fp.loops
+
+
+@pytest.mark.full
+def test_gpu_target_leaves_the_layer_scans_stacked_outputs_unfilled(gpu):
+  """The GPU target compiles with `compile_options`' XLA:GPU pass: the scanned layer loops'
+  stacked outputs, which every trip overwrites, start as uninitialized buffers (an
+  `AllocateBuffer` custom call) rather than zero fills. Without the option there is none."""
+  c = tiny("configs/study_calibration.py:gpu", "dropless", "auto")
+  c.model.n_layers = 2
+  lowered = programs.lower_train_step(programs.abstract_run(c, gpu), gpu)
+  alloc = 'custom_call_target="AllocateBuffer"'
+  assert set(compile_options.options("cuda").items()) <= set(gpu.compiler_options)
+  assert gpu.compile(lowered).as_text().count(alloc) >= 4  # residuals and gradients
+  without = gpu._replace(compiler_options=quick_gpu.OPTIONS)
+  assert alloc not in without.compile(lowered).as_text()
 
 
 def test_lowered_gpu_step_holds_the_h100_hosts_kernels(gpu):

@@ -12,7 +12,8 @@ _spec = importlib.util.spec_from_file_location(
 hlo_stats = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hlo_stats)
 
-# A zero fill and an add in the entry, a loop of 4 known trips whose body updates a stacked
+# A zero fill, an uninitialized buffer (XLA:GPU's AllocateBuffer, which launches nothing) and
+# an add in the entry, a loop of 4 known trips whose body updates a stacked
 # buffer, slices another asynchronously and calls a kernel, and a loop with no known count.
 HLO = """\
 HloModule jit_step, entry_computation_layout={(f32[8,16]{1,0})->f32[8,16]{1,0}}
@@ -43,6 +44,7 @@ ENTRY %main (x: f32[8,16]) -> f32[8,16] {
   %x = f32[8,16]{1,0} parameter(0)
   %constant.1 = bf16[] constant(0)
   %loop_broadcast_fusion = bf16[4,8,16]{2,1,0} fusion(%constant.1), kind=kLoop, calls=%fused_broadcast
+  %custom-call.2 = bf16[4,8,16]{2,1,0} custom-call(), custom_call_target="AllocateBuffer"
   %loop_add_fusion = f32[8,16]{1,0} fusion(%x, %x), kind=kLoop, calls=%fused_add2
   %tuple.0 = (s32[], bf16[4,8,16]{2,1,0}) tuple(%constant.1, %loop_broadcast_fusion)
   %while.1 = (s32[], bf16[4,8,16]{2,1,0}) while(%tuple.0), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
@@ -57,7 +59,7 @@ def test_array_bytes_sums_a_tuples_arrays():
 
 
 def test_per_step_counts_match_the_hand_count():
-  # entry: broadcast fusion, add fusion, copy = 3 launches; the 4-trip body: the update
+  # entry: broadcast fusion, add fusion, copy = 3 launches (the AllocateBuffer none); the 4-trip body: the update
   # fusion, the slice's start (its done is a wait) and the custom call = 3 each; the
   # second body's add fusion once (no known count).
   bytes_ = (
@@ -80,4 +82,4 @@ def test_the_module_splits_into_the_computations_it_walks():
   comps = hlo_stats.loops.computations(HLO)
   assert set(comps) == {"fused_broadcast", "body", "body2", "main"}
   assert hlo_stats.loops.entry(HLO) == "main"
-  assert [len(comps[k]) for k in ("fused_broadcast", "body", "body2", "main")] == [2, 8, 3, 8]
+  assert [len(comps[k]) for k in ("fused_broadcast", "body", "body2", "main")] == [2, 8, 3, 9]

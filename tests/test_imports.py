@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "moejax.errors",
     "moejax.schema",
     "moejax.compat",
+    "moejax.compile_options",
     "moejax.runio",
     "moejax.stats",
     "moejax.distributed",

@@ -75,6 +75,17 @@ FREE = (  # ops that launch nothing: views, tuples, control
   "opt-barrier",
   "get-dimension-size",
 )
+# custom calls that launch nothing: an uninitialized buffer (XLA:GPU gives one to a scan's
+# stacked output that every trip overwrites, `moejax.compile_options`)
+FREE_TARGETS = ("AllocateBuffer",)
+
+
+def launches_nothing(instr: Instr) -> bool:
+  """An op of FREE, or a custom call to one of FREE_TARGETS."""
+  if instr.opcode == "custom-call":
+    target = _TARGET.search(instr.line)
+    return bool(target) and target.group(1) in FREE_TARGETS
+  return instr.opcode in FREE
 
 
 class Body(NamedTuple):
@@ -206,7 +217,7 @@ def _body(name: str, comps) -> Body:
     for instr in comps[comp]:
       if instr.opcode in ("conditional", "call"):
         stack += _callees(instr)
-      if instr.opcode in FREE:
+      if launches_nothing(instr):
         continue
       kernels += 1
       matmuls += _is_matmul(instr, comps)

@@ -31,7 +31,7 @@ from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import compat
+from moejax import compat, compile_options
 from moejax.aot import memory
 from moejax.errors import UserError
 
@@ -59,8 +59,9 @@ class Target(NamedTuple):
   n_devices: int
   hbm_bytes: int  # usable per device
   hbm_source: str
-  # XLA options for each compile (`Lowered.compile(compiler_options)`), as (name, value)
-  compiler_options: tuple[tuple[str, str], ...] = ()
+  # XLA options for each compile (`Lowered.compile(compiler_options)`), as (name, value):
+  # the platform's `compile_options.options`, as the run's own compiles have them
+  compiler_options: tuple[tuple[str, bool | int | str], ...] = ()
 
   def compile(self, lowered):
     """`lowered` compiled with this target's `compiler_options`."""
@@ -186,7 +187,8 @@ def tpu_target(topology: str) -> Target:
   devices = tpu_devices(topology)
   kind = devices[0].device_kind
   size = hbm(kind, devices[0])
-  return Target(topology, "tpu", devices, len(devices), size, f"{kind}: TPU compiler")
+  options = tuple(compile_options.options("tpu").items())
+  return Target(topology, "tpu", devices, len(devices), size, f"{kind}: TPU compiler", options)
 
 
 # ------------------------------------------------------------------------------------- GPU
@@ -259,4 +261,5 @@ def gpu_target(descriptor: str) -> Target:
     f"{devices[0].device_kind}: {total / GIB:.2f} GiB x {fraction:g}, JAX's pool "
     "(XLA_PYTHON_CLIENT_MEM_FRACTION)"
   )
-  return Target(descriptor, "cuda", devices, len(devices), int(total * fraction), source)
+  options = tuple(compile_options.options("cuda").items())
+  return Target(descriptor, "cuda", devices, len(devices), int(total * fraction), source, options)

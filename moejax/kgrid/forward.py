@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax import compile_options
 from moejax.kgrid import masses
 from moejax.nn.model import moe_biases
 from moejax.nn.moe import RouterOut
@@ -70,7 +71,7 @@ class CellForward:
   def compiled(self, k1: int, with_k2: bool):
     key = (k1, with_k2)
     if key not in self._compiled:
-      self._compiled[key] = jax.jit(_make_forward(self.graphdef, k1, with_k2))
+      self._compiled[key] = compile_options.jit(_make_forward(self.graphdef, k1, with_k2))
     return self._compiled[key]
 
   def run(

@@ -13,8 +13,8 @@ import optax
 from flax import nnx
 
 from moejax import build as build_lib
+from moejax import compile_options, distributed, sharding
 from moejax import config as config_lib
-from moejax import distributed, sharding
 from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
 from moejax.nn import model as model_lib
@@ -110,13 +110,13 @@ def compile_steps(run: Run, layers: list[int] | None = None):
     moe_layers(run) if layers is None else layers,
     c.train.on_nonfinite,
   )
-  train_step = jax.jit(
+  train_step = compile_options.jit(
     sharding.tracing_mesh(step_fn, run.mesh),
     donate_argnums=0,
     out_shardings=(sharding.state_sharding(run.state, run.mesh), None),
   )
   eval_step = sharding.tracing_mesh(step_lib.make_eval_step(run.graphdef), run.mesh)
-  return train_step, jax.jit(eval_step)
+  return train_step, compile_options.jit(eval_step)
 
 
 def heldout_loss(run: Run, eval_step, state, n_sequences: int) -> float:
