@@ -20,7 +20,8 @@ OPTIONS: dict[str, dict[str, bool | int | str]] = {
   # XLA:GPU pass, off by default, hands such a buffer over uninitialized when every trip of
   # the loop overwrites its row (openxla/xla, dus_accumulator_zero_init_elimination.cc):
   # the GPU preset's step on 8 x H100 zero-fills 72 MiB per step with it, 14,335 without
-  # (`benchmarks/aot_compile_time.py --hlo-stats`, docs/performance.md).
+  # (`benchmarks/aot_compile_time.py --hlo-stats`, docs/performance.md). XLA:TPU does it by
+  # default; XLA:CPU has no such pass.
   "gpu": {"xla_gpu_enable_dus_accumulator_zero_init_elimination": True},
 }
 # jax's platform names for what OPTIONS keys by backend (jax.default_backend() says "gpu")
