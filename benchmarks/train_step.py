@@ -92,10 +92,12 @@ def _memory(fn, *args) -> tuple[int, int]:
 
 def step_and_args(c) -> tuple:
   """(run, train step, its arguments) of config `c`, built fresh: the step moejax.train
-  runs, on the first batch."""
+  runs, on the first batch, traced under the run's mesh as the trainer traces it
+  (`sharding.tracing_mesh`: kernels are traced for the mesh's platform only)."""
   run = trainer.build(c, workdir=None)
   lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
+  step_fn = sharding.tracing_mesh(step_fn, run.mesh)
   return run, step_fn, (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))
 
 

@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "moejax.schema",
     "moejax.compat",
     "moejax.compile_options",
+    "moejax.platforms",
     "moejax.runio",
     "moejax.stats",
     "moejax.distributed",

@@ -5,8 +5,10 @@ Both modes build a plan (`moejax.kernels.plans`): each (token, slot) assignment'
 expert-sorted buffer, and back. A kernel in `KERNELS` runs the experts over the buffer and
 combines: it gets `plans.KernelArgs` and returns y_TxD. Adding an impl is one entry here
 plus its file. `impl="auto"` is a lookup per platform (`AUTO`), resolved for the platform
-the program is lowered for (`jax.lax.platform_dependent`), not the host's backend, so an
-export for `("cuda",)` from a CPU machine carries the GPU choice.
+the program is lowered for, not the host's backend: the context mesh's platform where it
+names one (the trainer's steps, an AOT target's; only that kernel is traced), else
+`jax.lax.platform_dependent` over every platform's kernel, so an export for `("cuda",)`
+from a CPU machine carries the GPU choice (`moejax.platforms`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax import sharding
+from moejax import platforms, sharding
 from moejax.errors import UserError, check_choice
 from moejax.kernels import batched, blocked, fused, megablox, plans, ragged, tokamax_ragged
 from moejax.kernels.grouped import Blocks
@@ -179,7 +181,7 @@ def _on_platform(impl: str, mode: str, make: Callable[[str], Callable], args: tu
   """make(impl)(*args); for `auto`, the kernel of `AUTO[mode]` for the lowering platform."""
   if impl != "auto":
     return make(impl)(*args)
-  return jax.lax.platform_dependent(*args, **{p: make(n) for p, n in AUTO[mode].items()})
+  return platforms.platform_dependent(*args, **{p: make(n) for p, n in AUTO[mode].items()})
 
 
 @functools.cache

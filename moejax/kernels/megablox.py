@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax import platforms
 from moejax.kernels import plans, residuals
 
 # the kernel module (the package's `gmm` attribute is its custom-VJP function, not the module)
@@ -149,4 +150,4 @@ def _interpreted(*args):
 def run(a: plans.KernelArgs) -> jax.Array:
   """Mosaic on TPU, interpret mode elsewhere (chosen for the platform lowered for)."""
   args = (a.x_TxD, a.plan, a.counts_E, a.weights_TxK, a.ex)
-  return jax.lax.platform_dependent(*args, tpu=_compiled, default=_interpreted)
+  return platforms.platform_dependent(*args, tpu=_compiled, default=_interpreted)

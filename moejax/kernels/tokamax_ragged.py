@@ -49,6 +49,7 @@ import numpy as np
 import tokamax
 from absl import flags
 
+from moejax import platforms
 from moejax.kernels import plans, residuals
 
 # (lhs, rhs) dimension numbers of the three products, as `tokamax.ragged_dot_general` takes them
@@ -168,4 +169,4 @@ def run(a: plans.KernelArgs) -> jax.Array:
   """The kernel on `plans.KernelArgs`, tokamax's implementations chosen per lowering platform."""
   args = (a.x_TxD, a.plan, a.counts_E, a.weights_TxK, a.ex)
   branches = {p: functools.partial(_run, impls=i) for p, i in IMPLEMENTATIONS.items()}
-  return jax.lax.platform_dependent(*args, **branches)
+  return platforms.platform_dependent(*args, **branches)

@@ -34,7 +34,7 @@ import tokamax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
-from moejax import sharding
+from moejax import platforms, sharding
 from moejax.errors import UserError
 from moejax.kernels import tokamax_ragged
 
@@ -103,7 +103,7 @@ def _splash_local(q_BxHxLxK, k_BxGxLxK, v_BxGxLxK):
   def run(interpret: bool):
     return jax.vmap(_splash_kernel(H, L, interpret))
 
-  return jax.lax.platform_dependent(
+  return platforms.platform_dependent(
     q_BxHxLxK, k_BxGxLxK, v_BxGxLxK, tpu=run(False), default=run(True)
   )
 
@@ -162,7 +162,7 @@ def _tokamax_local(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK):
     p: functools.partial(_tokamax_attend, impls=i)
     for p, i in tokamax_ragged.IMPLEMENTATIONS.items()
   }
-  return jax.lax.platform_dependent(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, **branches)
+  return platforms.platform_dependent(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, **branches)
 
 
 def tokamax_attention(
