@@ -1,14 +1,16 @@
 """Where a CPU train step's compile goes: JAX's trace, its lowering and XLA's compile.
 
 Run: python benchmarks/compile_split.py [--shape 64/8/32] [--repeats 3] [--impls auto,native]
-                                        [--set KEY=VALUE ...]
+                                        [--set KEY=VALUE ...] [--xla-spans]
 The study shape (`study_shape.study_config`) once per MoE dispatch impl in `--impls`
 (`model.moe.impl`) and its dense twin, in the config's layout. Each arm's step is built
-fresh each repeat and timed in three parts, `jax.jit(step).trace(...)`, `.lower()` and
-`.compile()`; the min of each part over `--repeats` (arms interleaved). `impl=auto` picks
-its kernel with `jax.lax.platform_dependent`, which traces and differentiates every
-platform's kernel and lowers only the target's: the `auto` and `native` rows differ by
-that. Writes benchmarks/results/compile_split.json (`--result NAME` for another name).
+fresh each repeat, traced under the run's mesh as the trainer traces it, and timed in three
+parts, `jax.jit(step).trace(...)`, `.lower()` and `.compile()`; the min of each part over
+`--repeats` (arms interleaved). `impl=auto` resolves for the mesh's platform
+(`moejax.platforms`), so the `auto` and `native` rows should trace alike. `--xla-spans`
+compiles each arm once more under jax.profiler and adds where XLA's compile went: its HLO
+passes, its backend, the backend's code generation and the number of fused kernels it
+generated code for (`cpu_profile.compile_spans`). Writes benchmarks/results/compile_split.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations
@@ -21,12 +23,19 @@ import time
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
+import cpu_profile
 from aot_compile_time import _set
 from common import write_result
 from study_shape import study_config
 from train_step import dense_twin, step_and_args
 
 PARTS = ("trace_s", "lower_s", "compile_s")
+
+
+def lowered(c):
+  """`c`'s train step, built fresh, traced and lowered."""
+  _, fn, args = step_and_args(c)
+  return jax.jit(fn).trace(*args).lower()
 
 
 def parts(c) -> tuple[float, float, float]:
@@ -48,6 +57,7 @@ def main() -> None:
   p.add_argument("--impls", default="auto,native", help="model.moe.impl of each MoE arm")
   p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
   p.add_argument("--result", default="compile_split", help="benchmarks/results/<NAME>.json")
+  p.add_argument("--xla-spans", action="store_true", help="XLA:CPU's compile phases per arm")
   args = p.parse_args()
   c = study_config(*(int(v) for v in args.shape.split("/")))
   for assignment in args.set:
@@ -72,6 +82,10 @@ def main() -> None:
     row["total_over_dense"] = row["total_s"] / dense_total
     print("| " + " | ".join([name, *(f"{v:.2f}" for v in list(row.values())[1:])]) + " |")
     rows.append(row)
+  if args.xla_spans:
+    for row in rows:
+      row.update(cpu_profile.compile_spans(lowered(arms[row["arm"]]).compile))
+      print(row["arm"], {k: row[k] for k in (*cpu_profile.COMPILE_SPANS, "fused_kernels")})
   shape = {"E/K/f": args.shape, "layers": c.model.n_layers, "scan_layers": c.model.scan_layers}
   write_result(args.result, {"rows": rows, **shape, "repeats": args.repeats})
 

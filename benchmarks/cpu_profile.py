@@ -69,3 +69,31 @@ def op_ms(fn: Callable[[], object], steps: int = 3) -> dict[str, float]:
       if line.startswith("tf_") and not name.startswith(("ThunkExecutor", "Slinky")):
         out[kind(name)] += ns / 1e6 / steps
   return dict(out)
+
+
+# XLA:CPU's compile phases as its TraceMe spans on the compiling thread name them (the
+# caller's thread on jax 0.11, a PjRt compiler thread on 0.10), by the start of the name: its HLO passes, its backend, and within the backend
+# the code generation of the kernels; a fused kernel's codegen is one `FusionCompiler::Compile`
+# span on XLA's codegen threads.
+COMPILE_SPANS = {
+  "hlo_passes_ms": ("HLO passes through layout assignment", "HLO passes after layout assignment"),
+  "backend_ms": ("CpuCompiler::RunBackend",),
+  "codegen_ms": ("Codegen",),
+}
+KERNEL_SPAN = "FusionCompiler::Compile"
+
+
+def compile_spans(compile_fn: Callable[[], object]) -> dict[str, float | int | None]:
+  """ms of each `COMPILE_SPANS` phase of one call of `compile_fn` (an XLA:CPU compile) and
+  `fused_kernels`, the kernels it generated code for; None for a phase this XLA does not
+  record."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      compile_fn()
+    events = list(_events(d))
+  out: dict[str, float | int | None] = {}
+  for field, starts in COMPILE_SPANS.items():
+    spans = [ns for _, name, ns in events if name.startswith(starts)]
+    out[field] = sum(spans) / 1e6 if spans else None
+  out["fused_kernels"] = sum(1 for _, name, _ in events if name == KERNEL_SPAN)
+  return out
