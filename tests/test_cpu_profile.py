@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-import cpu_profile  # noqa: E402
+import cpu_profile
 
 
 def _spans(fn):
