@@ -10,7 +10,8 @@ parts, `jax.jit(step).trace(...)`, `.lower()` and `.compile()`; the min of each 
 (`moejax.platforms`), so the `auto` and `native` rows should trace alike. `--xla-spans`
 compiles each arm once more under jax.profiler and adds where XLA's compile went: its HLO
 passes, its backend, the backend's code generation and the number of fused kernels it
-generated code for (`cpu_profile.compile_spans`). Writes benchmarks/results/compile_split.json (`--result NAME` for another name).
+generated code for (`cpu_profile.compile_spans`). Writes
+benchmarks/results/compile_split.json (`--result NAME` for another name).
 """
 
 from __future__ import annotations

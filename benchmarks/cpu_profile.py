@@ -72,9 +72,9 @@ def op_ms(fn: Callable[[], object], steps: int = 3) -> dict[str, float]:
 
 
 # XLA:CPU's compile phases as its TraceMe spans on the compiling thread name them (the
-# caller's thread on jax 0.11, a PjRt compiler thread on 0.10), by the start of the name: its HLO passes, its backend, and within the backend
-# the code generation of the kernels; a fused kernel's codegen is one `FusionCompiler::Compile`
-# span on XLA's codegen threads.
+# caller's thread on jax 0.11, a PjRt compiler thread on 0.10), by the start of the name:
+# its HLO passes, its backend, and within the backend the code generation of the kernels; a
+# fused kernel's codegen is one `FusionCompiler::Compile` span on XLA's codegen threads.
 COMPILE_SPANS = {
   "hlo_passes_ms": ("HLO passes through layout assignment", "HLO passes after layout assignment"),
   "backend_ms": ("CpuCompiler::RunBackend",),

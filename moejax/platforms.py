@@ -3,11 +3,12 @@
 `jax.lax.platform_dependent` traces (and differentiates) every branch, because a trace does
 not know the platform it will be lowered for; only the lowering drops the other branches.
 For the MoE kernels that is every accelerator's kernel traced on every host
-(docs/performance.md, "Where the MoE step's extra CPU compile goes"). The trainer traces its steps under a
-context mesh over the devices they run on (`sharding.tracing_mesh`), and an AOT target's
-mesh is over its compile-only devices: that mesh's abstract device names the platform, so
-the branches no lowering of this trace can take are left untraced. Without a context
-mesh, or one without a device (`jax.export` for another platform), every branch is kept.
+(docs/performance.md, "Where the MoE step's extra CPU compile goes"). The trainer traces
+its steps under a context mesh over the devices they run on (`sharding.tracing_mesh`), and
+an AOT target's mesh is over its compile-only devices: that mesh's abstract device names
+the platform, so the branches no lowering of this trace can take are left untraced.
+Without a context mesh, or one without a device (`jax.export` for another platform), every
+branch is kept.
 """
 
 from __future__ import annotations
