@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from tiers import FULL
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
+from moejax.kernels.native import dropless as native_dropless
 from moejax.kernels.native import loader, ops
 from moejax.kernels.plans import ExpertWeights
 
@@ -196,6 +198,69 @@ def test_grad_under_vmap_matches_each_slice():
       close(a[i], b)
 
 
+@needs_lib
+def test_unused_assignments_take_no_row_and_get_no_gradient():
+  """Elastic-k's unused ranks (`used_TxK` False) leave the plan the kernel builds inside its
+  calls: y and the gradients match the references with those assignments dropped, and
+  their combine weights' gradient is 0."""
+  x, experts, weights, W, g = make_case("t_odd")
+  used = jnp.asarray(np.random.default_rng(1).uniform(size=experts.shape) < 0.6)
+
+  def loss(x, w, W):
+    y = dsp.dropless(x, experts, w * used, W, impl="native", used_TxK=used)
+    return jnp.sum(y * g), y
+
+  (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(x, weights, W)
+  close(y, numpy_loop(x, np.asarray(experts), np.asarray(weights), W, np.asarray(used)))
+  (_, _), ref = reference_grads(x, experts, weights * used, W, g, used.astype(jnp.float32))
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref)):
+    close(got, want)
+  assert not np.any(np.asarray(grads[1])[~np.asarray(used)])
+
+
+@needs_lib
+def test_the_dropless_program_holds_no_plan():
+  """The dropless plan is built inside the FFI calls: the compiled forward and backward hold
+  no sort, no loop and no scatter, and one call each way."""
+  x, experts, weights, W, g = make_case("random")
+
+  def loss(x, w, W):
+    return jnp.sum(dsp.dropless(x, experts, w, W, impl="native") * g)
+
+  hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, weights, W).compile().as_text()
+  ops_in = re.findall(r"= \S+ (\w[\w-]*)\(", hlo)
+  assert not {"sort", "while", "scatter"} & set(ops_in), sorted(set(ops_in))
+  assert hlo.count('custom_call_target="moejax_native_dropless_forward"') == 1
+  assert hlo.count('custom_call_target="moejax_native_dropless_backward"') == 1
+
+
+@needs_lib
+@pytest.mark.parametrize("expert", [-1, 4])  # E = 3: E itself marks an unused rank
+def test_the_dropless_call_refuses_out_of_range_experts_without_crashing(expert):
+  args = [jnp.zeros((8, D)), jnp.zeros((8, 2)), jnp.zeros((8, 2), jnp.int32)]
+  args += [jnp.zeros((3, D, 2 * F)), jnp.zeros((3, F, D))]
+  args[2] = args[2].at[5, 1].set(expert)
+  with pytest.raises(Exception, match="experts_TxK out of range"):
+    jax.block_until_ready(jax.jit(native_dropless.swiglu_combine)(*args))
+
+
+@pytest.mark.parametrize(
+  "i, bad",
+  [
+    (1, jnp.zeros((8, 3))),  # w_TxK with another K than experts_TxK
+    (2, jnp.zeros((8, 2))),  # float experts
+    (1, jnp.zeros((7, 2))),  # weights for other tokens
+  ],
+)
+def test_bad_dropless_operands_are_one_line_user_errors(i, bad):
+  args = [jnp.zeros((8, D)), jnp.zeros((8, 2)), jnp.zeros((8, 2), jnp.int32)]
+  args += [jnp.zeros((3, D, 2 * F)), jnp.zeros((3, F, D))]
+  args[i] = bad
+  with pytest.raises(UserError) as err:
+    native_dropless.check(*args)
+  assert "\n" not in str(err.value) and "impl='native'" in str(err.value)
+
+
 def _args(T=8, R=12, E=3, K=2, dtype=jnp.float32):
   return [
     jnp.zeros((T, D), dtype),
@@ -304,7 +369,9 @@ def test_20_quickstart_steps_with_native_match_fused():
   np.testing.assert_allclose(native, fused, rtol=1e-4)
 
 
-SANITIZED = "t_odd or e1 or empty_expert or k_eq_e or capacity or bfloat16 or vmap or refuses"
+SANITIZED = (
+  "t_odd or e1 or empty_expert or k_eq_e or capacity or bfloat16 or vmap or refuses or unused"
+)
 
 
 @FULL

@@ -3,12 +3,13 @@ expert kernels.
 
 Both modes build a plan (`moejax.kernels.plans`): each (token, slot) assignment's row in an
 expert-sorted buffer, and back. A kernel in `KERNELS` runs the experts over the buffer and
-combines: it gets `plans.KernelArgs` and returns y_TxD. Adding an impl is one entry here
-plus its file. `impl="auto"` is a lookup per platform (`AUTO`), resolved for the platform
-the program is lowered for, not the host's backend: the context mesh's platform where it
-names one (the trainer's steps, an AOT target's; only that kernel is traced), else
-`jax.lax.platform_dependent` over every platform's kernel, so an export for `("cuda",)`
-from a CPU machine carries the GPU choice (`moejax.platforms`).
+combines: it gets `plans.KernelArgs` and returns y_TxD (a kernel that plans dropless
+dispatch itself, `native`, takes the routing instead: `Kernel.dropless`). Adding an impl is
+one entry here plus its file. `impl="auto"` is a lookup per platform (`AUTO`), resolved for
+the platform the program is lowered for, not the host's backend: the context mesh's
+platform where it names one (the trainer's steps, an AOT target's; only that kernel is
+traced), else `jax.lax.platform_dependent` over every platform's kernel, so an export for
+`("cuda",)` from a CPU machine carries the GPU choice (`moejax.platforms`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Kernel(NamedTuple):
   contiguous: bool  # rows contiguous per expert (counts_E), not padded to blocks
   description: str
   per_device: bool = False  # opaque to GSPMD (a Mosaic kernel): run in a shard_map
+  # dropless on the routing itself, (x, experts, weights, ex, used) -> y, the kernel planning
+  # inside; None: `plans.dropless_plan` here, then `run`
+  dropless: Callable | None = None
 
 
 KERNELS: dict[str, Kernel] = {
@@ -60,8 +64,9 @@ KERNELS: dict[str, Kernel] = {
     ("cpu",),
     MODES,
     True,
-    "C++ FFI custom call: per-expert OpenBLAS GEMMs on XLA's CPU thread pool, custom VJP; "
-    "fused where not built",
+    "C++ FFI custom call: per-expert OpenBLAS GEMMs on XLA's CPU thread pool, custom VJP, "
+    "the dropless plan built inside the call; fused where not built",
+    dropless=native.run_dropless if native_loader.available() else None,
   ),
   "blocked": Kernel(blocked.run, PLATFORMS, MODES, False, "the same block loop unfused (autodiff)"),
   "ragged": Kernel(
@@ -126,11 +131,12 @@ def _cast(ex: ExpertWeights, dtype) -> ExpertWeights:
 
 @functools.cache
 def _dropless_with(name: str, block: int) -> Callable:
-  """dropless(x, experts, weights, ex) by one kernel; cached so that equal branches of
+  """dropless(x, experts, weights, ex, used) by one kernel, planned here (`plans.dropless_plan`)
+  unless the kernel plans inside (`Kernel.dropless`); cached so that equal branches of
   `platform_dependent` are the same callable (it merges them)."""
   kernel = KERNELS[name]
 
-  def run(x_TxD, experts_TxK, weights_TxK, ex, used_TxK):
+  def planned(x_TxD, experts_TxK, weights_TxK, ex, used_TxK):
     T, K = experts_TxK.shape
     E = ex.w_gate_ExDxF.shape[0]
     sizes = (1,) if kernel.contiguous else plans.block_sizes(block, T * K, E)
@@ -138,6 +144,7 @@ def _dropless_with(name: str, block: int) -> Callable:
     args = plans.KernelArgs(x_TxD, plan, blocks, sizes, counts_E, weights_TxK, ex)
     return kernel.run(args)
 
+  run = kernel.dropless or planned
   return _per_device(run) if kernel.per_device else run
 
 

@@ -7,6 +7,7 @@ The model travels as `nnx.split` state: trainable `params` (nnx.Param) and `rout
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -18,7 +19,7 @@ from flax import nnx
 from moejax.nn import losses
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import set_moe_biases
-from moejax.nn.moe import Diagnostics, RouterBias, RouterOut
+from moejax.nn.moe import RouterBias, RouterOut
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
 
@@ -39,31 +40,33 @@ class Loads(NamedTuple):
 
 
 def moe_losses(routers: dict[int, RouterOut], lc: LossConfig, f_LxE: jax.Array | None = None):
-  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (docs/design.md §5, §6)."""
-  metrics, balance, z, loads, counts = {}, [], [], [], []
-  for j, (layer, ro) in enumerate(routers.items()):
-    E = ro.probs.shape[-1]
-    assign_BxLxE = losses.balance_assignments(ro.experts, E, lc.balance_choices)
-    balance.append(
-      losses.load_balance_loss(
-        ro.probs,
-        assign_BxLxE,
-        granularity=lc.balance_granularity,
-        n_shards=lc.n_shards,
-        f_E=None if f_LxE is None else f_LxE[j],
-        convention=lc.balance_convention,
-      )
-    )
-    z.append(losses.router_z_loss(ro.logits))
-    counts.append(assign_BxLxE.sum((0, 1)))
-    loads.append(losses.balance_assignments(ro.experts, E, "all").sum((0, 1)))
-    layer_metrics = {"aux_loss": balance[-1], "z_loss": z[-1], **ro.diag._asdict()}
-    metrics.update({f"moe/layer{layer}/{n}": v for n, v in layer_metrics.items()})
-  balance_loss, z_loss = jnp.mean(jnp.stack(balance)), jnp.mean(jnp.stack(z))
+  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (docs/design.md §5, §6).
+  Each loss is computed once over the layers stacked ([M, ...]; a scanned stack's outputs
+  are stacked already), so XLA generates its kernels once, not once per layer: 5 fewer fused
+  kernels and about 7% less XLA compile on the study shape's CPU step (docs/performance.md)."""
+  ro = jax.tree.map(lambda *a: jnp.stack(a), *routers.values())  # RouterOut of [M, ...] leaves
+  E = ro.probs.shape[-1]
+  assign_MxBxLxE = losses.balance_assignments(ro.experts, E, lc.balance_choices)
+  balance = functools.partial(
+    losses.load_balance_loss,
+    granularity=lc.balance_granularity,
+    n_shards=lc.n_shards,
+    convention=lc.balance_convention,
+  )
+  balance_M = jax.vmap(balance)(ro.probs, assign_MxBxLxE, f_E=f_LxE)
+  z_M = jax.vmap(losses.router_z_loss)(ro.logits)
+  counts_MxE = assign_MxBxLxE.sum((1, 2))
+  loads_MxE = losses.balance_assignments(ro.experts, E, "all").sum((1, 2))
+  per_layer = {"aux_loss": balance_M, "z_loss": z_M, **ro.diag._asdict()}
+  metrics = {
+    f"moe/layer{layer}/{name}": v_M[m]
+    for m, layer in enumerate(routers)
+    for name, v_M in per_layer.items()
+  }
+  balance_loss, z_loss = balance_M.mean(), z_M.mean()
   metrics["moe/aux_loss"], metrics["moe/z_loss"] = balance_loss, z_loss
-  for name in Diagnostics._fields:
-    metrics[f"moe/{name}"] = jnp.mean(jnp.stack([getattr(r.diag, name) for r in routers.values()]))
-  return balance_loss, z_loss, metrics, Loads(jnp.stack(loads), jnp.stack(counts))
+  metrics.update({f"moe/{name}": v_M.mean() for name, v_M in ro.diag._asdict().items()})
+  return balance_loss, z_loss, metrics, Loads(loads_MxE, counts_MxE)
 
 
 def forward_loss(

@@ -1,5 +1,6 @@
-"""The `native` kernel on `plans.KernelArgs` (both dispatch modes), or `fused` when the
-library is not built (`loader`)."""
+"""The `native` kernel: on `plans.KernelArgs` (capacity mode, and dropless where the library
+is not built: `fused` then runs), or on the routing itself in dropless mode (`run_dropless`:
+the plan is built inside the FFI calls)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.kernels import fused, plans
-from moejax.kernels.native import loader, ops
+from moejax.kernels.native import dropless, loader, ops
 from moejax.kernels.permute import take_rows
 
 
@@ -36,3 +37,17 @@ def run(a: plans.KernelArgs) -> jax.Array:
   args = (a.x_TxD, w_R, tok_R, e_R, row_TxK, w_gu, a.ex.w_down_ExFxD)
   ops.check(*args)
   return ops.swiglu_combine(*args)
+
+
+def run_dropless(x_TxD, experts_TxK, weights_TxK, ex: plans.ExpertWeights, used_TxK=None):
+  """Dropless y_TxD from the routing: the FFI calls plan it (`native.dropless`); assignments
+  outside `used_TxK` are passed as expert E (no row). Only where the library is built
+  (`dispatch.KERNELS` plans and runs `run` otherwise)."""
+  E = ex.w_gate_ExDxF.shape[0]
+  e_TxK = jnp.asarray(experts_TxK, jnp.int32)
+  if used_TxK is not None:
+    e_TxK = jnp.where(used_TxK, e_TxK, E)
+  w_gu = jnp.concatenate([ex.w_gate_ExDxF, ex.w_up_ExDxF], axis=-1)
+  args = (x_TxD, weights_TxK.astype(x_TxD.dtype), e_TxK, w_gu, ex.w_down_ExFxD)
+  dropless.check(*args)
+  return dropless.swiglu_combine(*args)

@@ -21,7 +21,12 @@ import jax
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-TARGETS = ("moejax_native_forward", "moejax_native_backward")
+TARGETS = (  # the planned calls (`ops`) and the dropless ones that plan inside (`dropless`)
+  "moejax_native_forward",
+  "moejax_native_backward",
+  "moejax_native_dropless_forward",
+  "moejax_native_dropless_backward",
+)
 
 
 def library_path() -> Path | None:

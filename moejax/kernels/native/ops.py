@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from moejax.errors import UserError
 from moejax.kernels import residuals
+from moejax.kernels.permute import float0_like
 
 DTYPES = (jnp.float32, jnp.bfloat16)
 
@@ -79,17 +79,13 @@ def _fwd(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
   return y_TxD, residuals.named((x_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down))
 
 
-def _float0(a):
-  return np.zeros(a.shape, jax.dtypes.float0)
-
-
 def _bwd(res, dy_TxD):
   x_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down = res
   dy_TxD = dy_TxD.astype(x_TxD.dtype)
   dx, dw_R, dw_gu, dw_down = _backward_call(
     x_TxD, dy_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down
   )
-  ints = (_float0(tok_R), _float0(expert_R), _float0(row_TxK))
+  ints = (float0_like(tok_R), float0_like(expert_R), float0_like(row_TxK))
   return (dx, dw_R, *ints, dw_gu.astype(w_gu.dtype), dw_down.astype(w_down.dtype))
 
 

@@ -1,10 +1,9 @@
 // The XLA FFI handlers (moejax_native_forward / _backward) and the BLAS init entry point.
-#include <string>
 #include <vector>
 
 #include "blas.h"
+#include "ffi_util.h"
 #include "kernel.h"
-#include "swiglu.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -12,43 +11,23 @@ namespace ffi = xla::ffi;
 namespace mjn {
 namespace {
 
-using Dims = ffi::Span<const int64_t>;
-
-std::string shape(Dims d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
 // Checks every operand's shape and dtype against x [T, D] and w_gu [E, D, 2F]; fills `p`'s
 // sizes. Returns an error naming the first operand that does not fit.
 ffi::Error check(ffi::AnyBuffer x, ffi::AnyBuffer w_R, ffi::Buffer<ffi::S32> tok_R,
                  ffi::Buffer<ffi::S32> expert_R, ffi::Buffer<ffi::S32> row_TxK,
                  ffi::AnyBuffer w_gu, ffi::AnyBuffer w_down, int64_t* s) {
-  auto bad = [](const char* name, Dims d) {
-    return ffi::Error::InvalidArgument(std::string("native moe: ") + name + " has shape " +
-                                       shape(d));
-  };
-  ffi::DataType t = x.element_type();
-  if (t != ffi::DataType::F32 && t != ffi::DataType::BF16)
-    return ffi::Error::InvalidArgument("native moe: x must be float32 or bfloat16");
-  if (w_R.element_type() != t || w_gu.element_type() != t || w_down.element_type() != t)
-    return ffi::Error::InvalidArgument("native moe: w_R and the weights must have x's dtype");
-  if (x.dimensions().size() != 2) return bad("x", x.dimensions());
-  int64_t T = x.dimensions()[0], D = x.dimensions()[1];
-  Dims g = w_gu.dimensions();
-  if (g.size() != 3 || g[1] != D || g[2] % 2) return bad("w_gu", g);
-  int64_t E = g[0], F = g[2] / 2;
-  Dims dn = w_down.dimensions();
-  if (dn.size() != 3 || dn[0] != E || dn[1] != F || dn[2] != D) return bad("w_down", dn);
-  if (w_R.dimensions().size() != 1) return bad("w_R", w_R.dimensions());
+  if (auto err = check_experts(x, w_gu, w_down, s); err.failure()) return err;
+  int64_t T = s[0], E = s[3];
+  if (w_R.element_type() != x.element_type())
+    return ffi::Error::InvalidArgument("native moe: w_R must have x's dtype");
+  if (w_R.dimensions().size() != 1) return bad_shape("w_R", w_R.dimensions());
   int64_t R = w_R.dimensions()[0];
   if (tok_R.dimensions().size() != 1 || tok_R.dimensions()[0] != R)
-    return bad("tok_R", tok_R.dimensions());
+    return bad_shape("tok_R", tok_R.dimensions());
   if (expert_R.dimensions().size() != 1 || expert_R.dimensions()[0] != R)
-    return bad("expert_R", expert_R.dimensions());
+    return bad_shape("expert_R", expert_R.dimensions());
   Dims rk = row_TxK.dimensions();
-  if (rk.size() != 2 || rk[0] != T) return bad("row_TxK", rk);
+  if (rk.size() != 2 || rk[0] != T) return bad_shape("row_TxK", rk);
   for (int64_t r = 0; r < R; ++r) {
     int32_t tok = tok_R.typed_data()[r], e = expert_R.typed_data()[r];
     if (tok < 0 || tok > T || (tok < T && (e < 0 || e >= E)))
@@ -58,18 +37,8 @@ ffi::Error check(ffi::AnyBuffer x, ffi::AnyBuffer w_R, ffi::Buffer<ffi::S32> tok
     int32_t r = row_TxK.typed_data()[a];
     if (r < 0 || r > R) return ffi::Error::InvalidArgument("native moe: row_TxK out of range");
   }
-  int64_t sizes[6] = {T, D, F, E, R, rk[1]};
-  std::copy(sizes, sizes + 6, s);
+  s[4] = R, s[5] = rk[1];
   return ffi::Error::Success();
-}
-
-// The weights as f32: a pointer to them, or to a converted copy in `store` (bf16).
-const float* weights_f32(ffi::AnyBuffer w, std::vector<float>& store) {
-  if (w.element_type() == ffi::DataType::F32) return static_cast<const float*>(w.untyped_data());
-  const uint16_t* src = static_cast<const uint16_t*>(w.untyped_data());
-  store.resize(w.element_count());
-  for (size_t i = 0; i < store.size(); ++i) store[i] = bf16_to_f32(src[i]);
-  return store.data();
 }
 
 template <typename X>
