@@ -7,6 +7,7 @@ static. Losses are returned unweighted: the caller multiplies by its coefficient
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,12 +134,64 @@ def assignment_fractions(assign_BxLxE: jax.Array) -> jax.Array:
   return balance_fractions(counts_E, 0, "fraction")
 
 
-def _grouped_balance(probs_GxNxE: jax.Array, assign_GxNxE: jax.Array, convention: str) -> jax.Array:
-  """Mean over groups G of E · Σ_i f_i P_i, each group of N tokens."""
-  counts_GxE = assign_GxNxE.astype(jnp.float32).sum(1)
-  f_GxE = balance_fractions(counts_GxE, assign_GxNxE.shape[1], convention)
-  p_GxE = probs_GxNxE.astype(jnp.float32).mean(1)
-  return probs_GxNxE.shape[-1] * (f_GxE * p_GxE).sum(-1).mean()
+class BalanceSums(NamedTuple):
+  """Per-sequence sums one MoE layer's balance loss is computed from, over its tokens' leading
+  shape less the last axis (a model's [B]; [] for a flat [T] call): `balance_sums`."""
+
+  probs_SxE: jax.Array  # Σ_t p_te, float32 (the loss's gradient flows through it)
+  all_SxE: jax.Array  # assignments to each expert, all selected experts (constant)
+  top1_SxE: jax.Array  # the same counting each token's top-1 only (constant)
+  tokens_S: jax.Array  # tokens summed over, float32
+
+
+def balance_sums(probs_SxLxE: jax.Array, experts_SxLxK: jax.Array, n_experts: int) -> BalanceSums:
+  """`BalanceSums` of one layer's router output: probabilities [..., L, E] and selected
+  experts [..., L, K] (an expert id of E, an unused rank, counts nowhere)."""
+  onehot_SxLxKxE = jax.lax.stop_gradient(
+    jax.nn.one_hot(experts_SxLxK, n_experts, dtype=jnp.float32)
+  )
+  L = probs_SxLxE.shape[-2]
+  return BalanceSums(
+    probs_SxLxE.astype(jnp.float32).sum(-2),
+    onehot_SxLxKxE.sum((-3, -2)),
+    onehot_SxLxKxE[..., 0, :].sum(-2),
+    jnp.full(probs_SxLxE.shape[:-2], L, jnp.float32),
+  )
+
+
+def _groups(a_SxX: jax.Array, granularity: str, n_shards: int) -> jax.Array:
+  """Sums over the balance groups: [G, ...] from per-sequence [S, ...] (S = B)."""
+  if granularity == "sequence":
+    return a_SxX
+  if granularity == "micro_batch":
+    return a_SxX.reshape(n_shards, -1, *a_SxX.shape[1:]).sum(1)
+  return a_SxX.sum(0, keepdims=True)
+
+
+def balance_from_sums(
+  sums: BalanceSums,
+  *,
+  granularity: str,
+  choices: str = "all",
+  n_shards: int = 1,
+  f_E: jax.Array | None = None,
+  convention: str = "fraction",
+) -> jax.Array:
+  """Switch-style balance loss E · Σ_i f_i P_i (unweighted), averaged over groups, from one
+  layer's per-sequence `BalanceSums` [B, ...]: groups as `load_balance_loss`; f counts
+  `choices` (`loss.balance_choices`) in `convention`, or is `f_E` (global_batch only)."""
+  check_choice("loss.balance_choices", choices, BALANCE_CHOICES)
+  counts_SxE = sums.top1_SxE if choices == "top1" else sums.all_SxE
+  B, E = sums.probs_SxE.shape
+  if granularity == "micro_batch" and B % n_shards:
+    raise UserError(f"n_shards: {n_shards} must divide the batch size {B}")
+  tokens_Gx1 = _groups(sums.tokens_S, granularity, n_shards)[:, None]
+  p_GxE = _groups(sums.probs_SxE, granularity, n_shards) / tokens_Gx1
+  if f_E is None:
+    f_GxE = balance_fractions(_groups(counts_SxE, granularity, n_shards), tokens_Gx1, convention)
+  else:
+    f_GxE = jax.lax.stop_gradient(f_E).astype(jnp.float32)[None]
+  return E * (f_GxE * p_GxE).sum(-1).mean()
 
 
 def load_balance_loss(
@@ -156,6 +209,7 @@ def load_balance_loss(
   (`micro_batch`, as each data-parallel device would compute it), or all tokens
   (`global_batch`). f is a constant (stop_gradient) in the given `convention`
   (`balance_fractions`); `f_E` overrides it for global_batch (already in the convention).
+  The math is `balance_from_sums`'s, over the sequences' sums of `probs` and `assign`.
   """
   if granularity not in GRANULARITIES:
     raise UserError(f"granularity: got {granularity!r}, allowed {', '.join(GRANULARITIES)}")
@@ -170,19 +224,14 @@ def load_balance_loss(
   if not isinstance(n_shards, (int, np.integer)) or n_shards < 1:
     raise UserError(f"n_shards: got {n_shards!r}, allowed a positive int")
   B, L, E = probs_BxLxE.shape
-  if granularity == "sequence":
-    return _grouped_balance(probs_BxLxE, assign_BxLxE, convention)
-  if granularity == "micro_batch":
-    if B % n_shards:
-      raise UserError(f"n_shards: {n_shards} must divide the batch size {B}")
-    shape = (n_shards, (B // n_shards) * L, E)
-    return _grouped_balance(probs_BxLxE.reshape(shape), assign_BxLxE.reshape(shape), convention)
-  if f_E is None:
-    f_E = balance_fractions(assign_BxLxE.reshape(-1, E).sum(0), B * L, convention)
-  elif f_E.shape != (E,):
+  if f_E is not None and f_E.shape != (E,):
     raise UserError(f"f_E: shape {f_E.shape} must be ({E},)")
-  p_E = probs_BxLxE.astype(jnp.float32).reshape(-1, E).mean(0)
-  return E * (jax.lax.stop_gradient(f_E).astype(jnp.float32) * p_E).sum()
+  assign_BxE = jax.lax.stop_gradient(assign_BxLxE).astype(jnp.float32).sum(1)
+  tokens_B = jnp.full((B,), L, jnp.float32)
+  sums = BalanceSums(probs_BxLxE.astype(jnp.float32).sum(1), assign_BxE, assign_BxE, tokens_B)
+  return balance_from_sums(
+    sums, granularity=granularity, n_shards=n_shards, f_E=f_E, convention=convention
+  )
 
 
 def router_z_loss(logits_TxE: jax.Array) -> jax.Array:

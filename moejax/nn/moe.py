@@ -17,7 +17,7 @@ from flax import nnx
 from moejax.errors import UserError, check_choice
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
-from moejax.nn import elastic, routing
+from moejax.nn import elastic, losses, routing
 from moejax.nn.layers import DTYPES, DenseFFN, init_normal
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
@@ -46,12 +46,16 @@ class Diagnostics(NamedTuple):
 
 
 class RouterOut(NamedTuple):
-  """What the losses, the logs and the k-grid need from one MoE layer; leading shape of x."""
+  """What the losses, the logs and the k-grid need from one MoE layer. The losses' inputs
+  are reduced here, where the router's outputs are (once in a scanned stack's body), so a
+  train step stacks and differentiates small arrays, not per-token ones."""
 
-  logits: jax.Array  # [..., E] float32 router logits z (router z-loss, the grid's masses)
-  probs: jax.Array  # [..., E] full-router probabilities, per token summing to 1 (balance loss)
-  experts: jax.Array  # [..., k] int32 selected experts, best first (balance loss, loads)
+  logits: jax.Array  # [..., E] float32 router logits z (the grid's masses)
+  probs: jax.Array  # [..., E] full-router probabilities, per token summing to 1
+  experts: jax.Array  # [..., k] int32 selected experts, best first (E: an unused rank)
   diag: Diagnostics
+  balance: losses.BalanceSums  # per sequence (x's leading shape less its last axis)
+  z_loss: jax.Array  # float32 scalar, the router z-loss over this call's tokens
   moe_out_rms: jax.Array | None = None  # rms of routed + shared output (Overrides.grid_stats)
 
 
@@ -228,14 +232,7 @@ class MoEBlock(nnx.Module):
     probs_TxE = routing.normalized_probs(ro.scores_TxE)
     diag = diagnostics(probs_TxE, experts_TxK, ro.weights_TxK, kept_TxK, routed_TxD, coef_T, el)
     rms = jnp.sqrt(jnp.mean(y_TxD.astype(jnp.float32) ** 2)) if ov.grid_stats else None
-    E = cfg.n_experts
-    out = RouterOut(
-      logits_TxE.reshape(*lead, E),
-      probs_TxE.reshape(*lead, E),
-      experts_TxK.reshape(*lead, k),
-      diag,
-      rms,
-    )
+    out = router_out(lead, logits_TxE, probs_TxE, experts_TxK, diag, rms)
     return y_TxD.reshape(*lead, D).astype(x.dtype), out
 
   def _route(self, x_TxD, k: int, train: bool, rng_jitter, k2) -> tuple[jax.Array, routing.Routing]:
@@ -307,6 +304,18 @@ class MoEBlock(nnx.Module):
       keep_TxK=keep_TxK,
       impl=cfg.impl,
     )
+
+
+def router_out(lead, logits_TxE, probs_TxE, experts_TxK, diag, moe_out_rms) -> RouterOut:
+  """The `RouterOut` of one call over tokens of leading shape `lead`."""
+  (E, k), shape = (probs_TxE.shape[-1], experts_TxK.shape[-1]), tuple(lead)
+  probs = probs_TxE.reshape(*shape, E)
+  experts = experts_TxK.reshape(*shape, k)
+  balance = losses.balance_sums(probs, experts, E)
+  z_loss = losses.router_z_loss(logits_TxE)
+  return RouterOut(
+    logits_TxE.reshape(*shape, E), probs, experts, diag, balance, z_loss, moe_out_rms
+  )
 
 
 def native_k2(cfg: MoEConfig, k2, train: bool):

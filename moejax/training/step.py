@@ -40,24 +40,26 @@ class Loads(NamedTuple):
 
 
 def moe_losses(routers: dict[int, RouterOut], lc: LossConfig, f_LxE: jax.Array | None = None):
-  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (docs/design.md §5, §6).
-  Each loss is computed once over the layers stacked ([M, ...]; a scanned stack's outputs
-  are stacked already), so XLA generates its kernels once, not once per layer: 5 fewer fused
-  kernels and about 7% less XLA compile on the study shape's CPU step (docs/performance.md)."""
-  ro = jax.tree.map(lambda *a: jnp.stack(a), *routers.values())  # RouterOut of [M, ...] leaves
-  E = ro.probs.shape[-1]
-  assign_MxBxLxE = losses.balance_assignments(ro.experts, E, lc.balance_choices)
+  """(balance loss, z-loss, metrics, Loads) averaged over MoE layers (docs/design.md §5, §6),
+  from each layer's reduced router outputs (`RouterOut.balance`, `z_loss`, `diag`), stacked
+  by layer [M, ...]: the per-token outputs are not read, so XLA computes the losses' inputs
+  where the router runs (once in a scanned stack's body) and neither slices a stacked
+  per-token array per layer nor concatenates per-layer ones (docs/performance.md)."""
+
+  def stacked(field: str):
+    return jax.tree.map(lambda *a: jnp.stack(a), *(getattr(r, field) for r in routers.values()))
+
+  sums, z_M, diag = stacked("balance"), stacked("z_loss"), stacked("diag")
   balance = functools.partial(
-    losses.load_balance_loss,
+    losses.balance_from_sums,
     granularity=lc.balance_granularity,
+    choices=lc.balance_choices,
     n_shards=lc.n_shards,
     convention=lc.balance_convention,
   )
-  balance_M = jax.vmap(balance)(ro.probs, assign_MxBxLxE, f_E=f_LxE)
-  z_M = jax.vmap(losses.router_z_loss)(ro.logits)
-  counts_MxE = assign_MxBxLxE.sum((1, 2))
-  loads_MxE = losses.balance_assignments(ro.experts, E, "all").sum((1, 2))
-  per_layer = {"aux_loss": balance_M, "z_loss": z_M, **ro.diag._asdict()}
+  balance_M = jax.vmap(balance)(sums, f_E=f_LxE)
+  counts_MxSxE = sums.top1_SxE if lc.balance_choices == "top1" else sums.all_SxE
+  per_layer = {"aux_loss": balance_M, "z_loss": z_M, **diag._asdict()}
   metrics = {
     f"moe/layer{layer}/{name}": v_M[m]
     for m, layer in enumerate(routers)
@@ -65,8 +67,8 @@ def moe_losses(routers: dict[int, RouterOut], lc: LossConfig, f_LxE: jax.Array |
   }
   balance_loss, z_loss = balance_M.mean(), z_M.mean()
   metrics["moe/aux_loss"], metrics["moe/z_loss"] = balance_loss, z_loss
-  metrics.update({f"moe/{name}": v_M.mean() for name, v_M in ro.diag._asdict().items()})
-  return balance_loss, z_loss, metrics, Loads(loads_MxE, counts_MxE)
+  metrics.update({f"moe/{name}": v_M.mean() for name, v_M in diag._asdict().items()})
+  return balance_loss, z_loss, metrics, Loads(sums.all_SxE.sum(1), counts_MxSxE.sum(1))
 
 
 def forward_loss(
