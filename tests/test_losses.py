@@ -297,3 +297,32 @@ def test_balance_fractions_global_override_and_bad_names():
     losses.balance_fractions(counts, 4, "tokens")
   with pytest.raises(ValueError, match="loss.balance_choices"):
     losses.balance_assignments(jnp.zeros((2, 2), jnp.int32), 4, "top2")
+
+
+@pytest.mark.parametrize("choices", ["all", "top1"])
+@pytest.mark.parametrize("convention", ["fraction", "count"])
+@pytest.mark.parametrize("granularity", ["global_batch", "sequence", "micro_batch"])
+def test_balance_from_a_layers_sums_matches_numpy(choices, convention, granularity):
+  """What a train step computes from each MoE layer's `RouterOut.balance`: the per-sequence
+  sums of `balance_sums`, grouped, against the NumPy reference over the tokens themselves.
+  Some ranks are unused (expert id E, elastic-k): they count nowhere."""
+  B, L, E, K = 4, 5, 6, 3
+  r = np.random.default_rng(12)
+  probs = r.dirichlet(np.ones(E), size=(B, L)).astype(np.float32)
+  experts = np.argsort(-(probs + r.uniform(size=probs.shape) * 0.2), -1)[..., :K]
+  experts[..., 1:] = np.where(r.uniform(size=(B, L, K - 1)) < 0.3, E, experts[..., 1:])
+  sums = losses.balance_sums(jnp.asarray(probs), jnp.asarray(experts), E)
+  got = losses.balance_from_sums(
+    sums, granularity=granularity, choices=choices, n_shards=2, convention=convention
+  )
+  flat_p, flat_e = probs.reshape(-1, E), experts.reshape(-1, K)
+  n_groups = {"global_batch": 1, "sequence": B, "micro_batch": 2}[granularity]
+  groups = np.split(np.arange(B * L), n_groups)
+  counted = [[e for e in row if e < E] for row in (flat_e[:, :1] if choices == "top1" else flat_e)]
+  want = []
+  for idx in groups:
+    counts = np.bincount([e for i in idx for e in counted[i]], minlength=E)
+    f = counts / (counts.sum() if convention == "fraction" else len(idx))
+    want.append(E * np.sum(f * flat_p[idx].mean(0)))
+  np.testing.assert_allclose(float(got), np.mean(want), rtol=1e-5)
+  assert float(sums.tokens_S.sum()) == B * L and sums.probs_SxE.shape == (B, E)
