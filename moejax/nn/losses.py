@@ -147,14 +147,15 @@ class BalanceSums(NamedTuple):
 def balance_sums(probs_SxLxE: jax.Array, experts_SxLxK: jax.Array, n_experts: int) -> BalanceSums:
   """`BalanceSums` of one layer's router output: probabilities [..., L, E] and selected
   experts [..., L, K] (an expert id of E, an unused rank, counts nowhere)."""
-  onehot_SxLxKxE = jax.lax.stop_gradient(
-    jax.nn.one_hot(experts_SxLxK, n_experts, dtype=jnp.float32)
-  )
+
+  def counts_SxE(choices: str) -> jax.Array:
+    return balance_assignments(experts_SxLxK, n_experts, choices).sum(-2)
+
   L = probs_SxLxE.shape[-2]
   return BalanceSums(
     probs_SxLxE.astype(jnp.float32).sum(-2),
-    onehot_SxLxKxE.sum((-3, -2)),
-    onehot_SxLxKxE[..., 0, :].sum(-2),
+    counts_SxE("all"),
+    counts_SxE("top1"),
     jnp.full(probs_SxLxE.shape[:-2], L, jnp.float32),
   )
 
