@@ -4,7 +4,7 @@
 assignments by expert (a counting sort, `src/plan.h`) into the contiguous row buffer that
 `plans.dropless_plan` would build with one-row blocks, and runs the kernel of `ops` on it. So
 the XLA program holds none of the plan's sort, cumsums, searchsorted loop and scatters,
-forward or backward: on the study shape's CPU train step that is 46 fewer fused kernels to
+forward or backward: on the study shape's CPU train step that is 39 fewer fused kernels to
 generate code for (docs/performance.md). An expert id of E marks an unused assignment
 (elastic-k): it takes no row and gets gradient 0. The backward call plans again from the
 same routing, so the only residuals are the inputs and the gate/up projection [T·K, 2F].
