@@ -15,39 +15,26 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from moejax.errors import UserError
 from moejax.kernels import residuals
-from moejax.kernels.native.ops import DTYPES
+from moejax.kernels.native import ops
 from moejax.kernels.permute import float0_like
 
 TARGETS = ("moejax_native_dropless_forward", "moejax_native_dropless_backward")
 
 
 def check(x_TxD, w_TxK, experts_TxK, w_gu_ExDx2F, w_down_ExFxD) -> None:
-  """One UserError line for an operand of the wrong dtype or shape."""
-  if x_TxD.dtype not in DTYPES:
-    raise UserError(f"impl='native' takes float32 or bfloat16 tokens, not {x_TxD.dtype}")
-  for name, a in (("w_TxK", w_TxK), ("w_gu", w_gu_ExDx2F), ("w_down", w_down_ExFxD)):
-    if a.dtype != x_TxD.dtype:
-      raise UserError(f"impl='native': {name} is {a.dtype}, the tokens {x_TxD.dtype}")
-  if experts_TxK.dtype != jnp.int32:
-    raise UserError(f"impl='native': experts_TxK must be int32, not {experts_TxK.dtype}")
-  T, D = x_TxD.shape if x_TxD.ndim == 2 else (None, None)
-  E, _, F2 = w_gu_ExDx2F.shape if w_gu_ExDx2F.ndim == 3 else (None, None, None)
+  """One UserError line for an operand of the wrong dtype or shape (`ops.check_operands`)."""
+  T = x_TxD.shape[0] if x_TxD.ndim == 2 else None
   K = w_TxK.shape[-1] if w_TxK.ndim == 2 else None
-  expected = {
-    "x": (x_TxD.shape, (T, D)),
-    "w_gu": (w_gu_ExDx2F.shape, (E, D, F2)),
-    "w_down": (w_down_ExFxD.shape, (E, (F2 or 0) // 2, D)),
-    "w_TxK": (w_TxK.shape, (T, K)),
-    "experts_TxK": (experts_TxK.shape, (T, K)),
-  }
-  for name, (got, want) in expected.items():
-    if None in want or got != want or (name == "w_gu" and F2 % 2):
-      raise UserError(
-        f"impl='native': {name} has shape {got}; shapes are x [T, D], w_gu [E, D, 2F], "
-        "w_down [E, F, D], w_TxK/experts_TxK [T, K]"
-      )
+  ops.check_operands(
+    x_TxD,
+    w_gu_ExDx2F,
+    w_down_ExFxD,
+    {"w_TxK": w_TxK, "w_gu": w_gu_ExDx2F, "w_down": w_down_ExFxD},
+    {"experts_TxK": experts_TxK},
+    {"w_TxK": (w_TxK.shape, (T, K)), "experts_TxK": (experts_TxK.shape, (T, K))},
+    "x [T, D], w_gu [E, D, 2F], w_down [E, F, D], w_TxK/experts_TxK [T, K]",
+  )
 
 
 def _forward_call(x_TxD, w_TxK, experts_TxK, w_gu, w_down):

@@ -19,34 +19,51 @@ from moejax.kernels.permute import float0_like
 DTYPES = (jnp.float32, jnp.bfloat16)
 
 
-def check(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD) -> None:
-  """One UserError line for an operand of the wrong dtype or shape."""
+def check_operands(x_TxD, w_gu_ExDx2F, w_down_ExFxD, floats, ints, shapes, layout) -> None:
+  """One UserError line for the first operand of the wrong dtype or shape: x float32 or
+  bfloat16; `floats` (name -> array, the weights first) of x's dtype; `ints` int32; x, w_gu
+  and w_down, then `shapes` (name -> (shape, wanted; None where unknown)) as wanted.
+  `layout` names every operand's shape in the message."""
   if x_TxD.dtype not in DTYPES:
     raise UserError(f"impl='native' takes float32 or bfloat16 tokens, not {x_TxD.dtype}")
-  for name, a in (("w_R", w_R), ("w_gu", w_gu_ExDx2F), ("w_down", w_down_ExFxD)):
+  for name, a in floats.items():
     if a.dtype != x_TxD.dtype:
       raise UserError(f"impl='native': {name} is {a.dtype}, the tokens {x_TxD.dtype}")
-  for name, a in (("tok_R", tok_R), ("expert_R", expert_R), ("row_TxK", row_TxK)):
+  for name, a in ints.items():
     if a.dtype != jnp.int32:
       raise UserError(f"impl='native': {name} must be int32, not {a.dtype}")
   T, D = x_TxD.shape if x_TxD.ndim == 2 else (None, None)
   E, _, F2 = w_gu_ExDx2F.shape if w_gu_ExDx2F.ndim == 3 else (None, None, None)
-  R = w_R.shape[0] if w_R.ndim == 1 else None
   expected = {
     "x": (x_TxD.shape, (T, D)),
-    "w_gu": (w_gu_ExDx2F.shape, (E, D, F2)),
+    "w_gu": (w_gu_ExDx2F.shape, (E, D, F2 if F2 is None or F2 % 2 == 0 else None)),
     "w_down": (w_down_ExFxD.shape, (E, (F2 or 0) // 2, D)),
-    "w_R": (w_R.shape, (R,)),
-    "tok_R": (tok_R.shape, (R,)),
-    "expert_R": (expert_R.shape, (R,)),
-    "row_TxK": (row_TxK.shape, (T, row_TxK.shape[-1] if row_TxK.ndim == 2 else None)),
+    **shapes,
   }
   for name, (got, want) in expected.items():
-    if None in want or got != want or (name == "w_gu" and F2 % 2):
-      raise UserError(
-        f"impl='native': {name} has shape {got}; shapes are x [T, D], "
-        "w_gu [E, D, 2F], w_down [E, F, D], w_R/tok_R/expert_R [R], row_TxK [T, K]"
-      )
+    if None in want or got != want:
+      raise UserError(f"impl='native': {name} has shape {got}; shapes are {layout}")
+
+
+def check(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD) -> None:
+  """One UserError line for an operand of the wrong dtype or shape."""
+  T = x_TxD.shape[0] if x_TxD.ndim == 2 else None
+  R = w_R.shape[0] if w_R.ndim == 1 else None
+  K = row_TxK.shape[-1] if row_TxK.ndim == 2 else None
+  check_operands(
+    x_TxD,
+    w_gu_ExDx2F,
+    w_down_ExFxD,
+    {"w_R": w_R, "w_gu": w_gu_ExDx2F, "w_down": w_down_ExFxD},
+    {"tok_R": tok_R, "expert_R": expert_R, "row_TxK": row_TxK},
+    {
+      "w_R": (w_R.shape, (R,)),
+      "tok_R": (tok_R.shape, (R,)),
+      "expert_R": (expert_R.shape, (R,)),
+      "row_TxK": (row_TxK.shape, (T, K)),
+    },
+    "x [T, D], w_gu [E, D, 2F], w_down [E, F, D], w_R/tok_R/expert_R [R], row_TxK [T, K]",
+  )
 
 
 def _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
