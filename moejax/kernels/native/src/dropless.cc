@@ -97,9 +97,8 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w_TxK,
   if (!blas_ready()) return ffi::Error::Internal("native moe: no BLAS loaded");
   int64_t s[6];
   if (auto err = check(x, w_TxK, experts_TxK, w_gu, w_down, s); err.failure()) return err;
-  std::vector<float> gu_store, down_store;
-  const float* wg = weights_f32(w_gu, gu_store);
-  const float* wd = weights_f32(w_down, down_store);
+  WeightsF32 w(w_gu, w_down);
+  const float *wg = w.gu, *wd = w.down;
   if (x.element_type() == ffi::DataType::F32)
     return forward_as<float>(pool, s, x, w_TxK, experts_TxK, wg, wd, y, gu);
   return forward_as<uint16_t>(pool, s, x, w_TxK, experts_TxK, wg, wd, y, gu);
@@ -115,9 +114,8 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer dy, f
   if (auto err = check(x, w_TxK, experts_TxK, w_gu, w_down, s); err.failure()) return err;
   if (dy.element_type() != x.element_type() || gu.element_type() != x.element_type())
     return ffi::Error::InvalidArgument("native moe: dy and gu must have x's dtype");
-  std::vector<float> gu_store, down_store;
-  const float* wg = weights_f32(w_gu, gu_store);
-  const float* wd = weights_f32(w_down, down_store);
+  WeightsF32 w(w_gu, w_down);
+  const float *wg = w.gu, *wd = w.down;
   float* dwg = static_cast<float*>(dw_gu->untyped_data());
   float* dwd = static_cast<float*>(dw_down->untyped_data());
   if (x.element_type() == ffi::DataType::F32)

@@ -1,4 +1,4 @@
-// Helpers the FFI handlers share: shapes in error messages, and weights as f32.
+// Helpers the FFI handlers share: shapes in error messages, and the weights as f32.
 #pragma once
 
 #include <string>
@@ -22,15 +22,29 @@ inline xla::ffi::Error bad_shape(const char* name, Dims d) {
                                           shape(d));
 }
 
-// The weights as f32: a pointer to them, or to a converted copy in `store` (bf16).
-inline const float* weights_f32(xla::ffi::AnyBuffer w, std::vector<float>& store) {
-  if (w.element_type() == xla::ffi::DataType::F32)
-    return static_cast<const float*>(w.untyped_data());
-  const uint16_t* src = static_cast<const uint16_t*>(w.untyped_data());
-  store.resize(w.element_count());
-  for (size_t i = 0; i < store.size(); ++i) store[i] = bf16_to_f32(src[i]);
-  return store.data();
-}
+// The expert weights w_gu and w_down as f32: their own data, or converted copies held here
+// (bf16) for the call.
+class WeightsF32 {
+ public:
+  WeightsF32(xla::ffi::AnyBuffer w_gu, xla::ffi::AnyBuffer w_down)
+      : gu(as_f32(w_gu, gu_store_)), down(as_f32(w_down, down_store_)) {}
+
+ private:
+  std::vector<float> gu_store_, down_store_;  // declared before gu/down: filled first
+
+  static const float* as_f32(xla::ffi::AnyBuffer w, std::vector<float>& store) {
+    if (w.element_type() == xla::ffi::DataType::F32)
+      return static_cast<const float*>(w.untyped_data());
+    const uint16_t* src = static_cast<const uint16_t*>(w.untyped_data());
+    store.resize(w.element_count());
+    for (size_t i = 0; i < store.size(); ++i) store[i] = bf16_to_f32(src[i]);
+    return store.data();
+  }
+
+ public:
+  const float* const gu;
+  const float* const down;
+};
 
 // x [T, D] float32 or bfloat16, w_gu [E, D, 2F] and w_down [E, F, D] of x's dtype: fills
 // {T, D, F, E}, or returns an error naming the first operand that does not fit.

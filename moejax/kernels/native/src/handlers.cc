@@ -59,9 +59,8 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w_R,
   int64_t s[6];
   if (auto err = check(x, w_R, tok_R, expert_R, row_TxK, w_gu, w_down, s); err.failure())
     return err;
-  std::vector<float> gu_store, down_store;
-  const float* wg = weights_f32(w_gu, gu_store);
-  const float* wd = weights_f32(w_down, down_store);
+  WeightsF32 w(w_gu, w_down);
+  const float *wg = w.gu, *wd = w.down;
   if (x.element_type() == ffi::DataType::F32) {
     auto p = problem<float>(s, x, w_R, tok_R, expert_R, row_TxK, wg, wd);
     forward(pool, p, static_cast<float*>(y->untyped_data()),
@@ -86,9 +85,8 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer dy, f
     return err;
   if (dy.element_type() != x.element_type() || gu.element_type() != x.element_type())
     return ffi::Error::InvalidArgument("native moe: dy and gu must have x's dtype");
-  std::vector<float> gu_store, down_store;
-  const float* wg = weights_f32(w_gu, gu_store);
-  const float* wd = weights_f32(w_down, down_store);
+  WeightsF32 w(w_gu, w_down);
+  const float *wg = w.gu, *wd = w.down;
   float* dwg = static_cast<float*>(dw_gu->untyped_data());
   float* dwd = static_cast<float*>(dw_down->untyped_data());
   if (x.element_type() == ffi::DataType::F32) {
