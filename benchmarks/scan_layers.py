@@ -3,8 +3,9 @@
 Run: python benchmarks/scan_layers.py [--shape 64/8/32] [--repeats 5] [--compile-repeats 3]
                                       [--set KEY=VALUE ...] [--profile]
 The study shape (`base_config()` with qwen3_moe, E/K/f) and its dense twin (d_ff = K·f),
-each built in three layouts (`LAYOUTS`: scanned as a loop, the default; scanned with
-`model.scan_unroll=0`, the stacked layout without a loop; unrolled), six train steps
+each built in three layouts (`LAYOUTS`: scanned as a loop, TPU's and GPU's default;
+scanned with `model.scan_unroll=0`, the stacked layout without a loop, the default on CPU with remat none;
+unrolled), six train steps
 compiled in one process and timed interleaved (min of `--repeats`); each arm's compile is
 the fastest of `--compile-repeats` rounds, arms interleaved, after one untimed round. Prints
 the compile seconds of each, the MoE/dense compile ratio in each layout, each scanned
@@ -31,8 +32,9 @@ from train_step import dense_twin, jitted_step
 
 from moejax.kernels import dispatch as dsp
 
-# layout -> (model.scan_layers, model.scan_unroll): the scan as a loop (the default), the
-# same stacked layout unrolled whole (no loop), and the unrolled layout.
+# layout -> (model.scan_layers, model.scan_unroll): the scan as a loop (TPU's and GPU's
+# default), the same stacked layout unrolled whole (no loop: the default, -1, on CPU with
+# remat none), and the unrolled layout.
 LAYOUTS = {"scanned": (True, 1), "unroll0": (True, 0), "unrolled": (False, 1)}
 
 

@@ -22,11 +22,25 @@ import jax
 _LOWERINGS = {"cpu": ("cpu",), "tpu": ("tpu",), "gpu": ("cuda", "rocm")}
 
 
+def _context_device():
+  """The context mesh's abstract device; None without a context mesh or one without a
+  device."""
+  return getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+
+
 def context_platforms() -> tuple[str, ...] | None:
   """The `platform_dependent` names the program traced now can be lowered for, from the
   context mesh's device; None when no context mesh names one."""
-  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  device = _context_device()
   return None if device is None else _LOWERINGS.get(device.platform)
+
+
+def lowering_platform() -> str:
+  """The platform the program traced now lowers for: the context mesh's device's ("cpu",
+  "tpu", "gpu"), else the default backend's (a trace with no context mesh, as the k-grid's
+  forwards, lowers for it)."""
+  device = _context_device()
+  return jax.default_backend() if device is None else device.platform
 
 
 def platform_dependent(*args, default: Callable | None = None, **branches: Callable):

@@ -47,8 +47,8 @@ def _resolve(spec: str) -> dict:
 ADDED = {
   ("config", "model", "scan_layers"): True,
   ("model", "scan_layers"): True,
-  ("config", "model", "scan_unroll"): 1,  # a loop a period: the scan as before the key
-  ("model", "scan_unroll"): 1,
+  ("config", "model", "scan_unroll"): -1,  # by platform and remat (model.auto_unroll)
+  ("model", "scan_unroll"): -1,
   ("model", "not_modelled"): lambda got: got["config"]["model"]["not_modelled"],
 }
 

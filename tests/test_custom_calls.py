@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import pytest
 from failure_helpers import fast_compiles  # noqa: F401  (XLA's cheap compiles: loops kept)
 
-from moejax import build
+from moejax import build, compat
 from moejax import config as config_lib
 from moejax.aot import custom_calls, loops
+from moejax.nn import model as model_lib
 from moejax.nn.losses import LossConfig
 from moejax.training import step as step_lib
 
@@ -106,3 +107,23 @@ def test_scan_unroll_0_compiles_the_scanned_layout_without_layer_scans():
   whole = _grad_loops(True, unroll=0)
   assert not [lp for lp in whole if lp.kind == "layers"]
   assert [lp.depth for lp in whole if lp.kind == "dispatch"] == [0] * 6
+
+
+def test_scan_unroll_minus_1_unrolls_whole_on_cpu_and_loops_a_period_a_trip_on_gpu():
+  """`model.scan_unroll=-1` (the default): each scan unrolled whole when the program lowers
+  for CPU with remat `none`, a loop of one period a trip when it lowers for a GPU (or TPU)
+  or runs a remat policy; the CPU gradient's loops are then scan_unroll=0's."""
+  c = config_lib.base_config()
+  c.model.update(n_layers=7, first_dense=2, moe_every=2)
+  cfg = build.model_config(c, 32)
+  assert cfg.scan_unroll == -1
+  segs = model_lib.layer_segments(cfg)
+  assert [model_lib.scan_unroll(cfg, s) for s in segs] == [s.repeats for s in segs]
+  with compat.gpu_target():
+    assert [model_lib.scan_unroll(cfg, s) for s in segs] == [1] * len(segs)
+  c.model.remat = "full"
+  remat_cfg = build.model_config(c, 32)
+  assert [model_lib.scan_unroll(remat_cfg, s) for s in segs] == [1] * len(segs)
+  default = _grad_loops(True, unroll=-1)
+  assert sorted(lp.kind for lp in default) == sorted(lp.kind for lp in _grad_loops(True, 0))
+  assert not [lp for lp in default if lp.kind == "layers"]

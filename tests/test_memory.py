@@ -78,7 +78,7 @@ def grad_temp_bytes(remat: str, scan: bool = False) -> int:
   and d_model 64, where attention's [B, H, L, L] activations dominate."""
   c = config_lib.base_config()
   c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=128, moe_every=0)
-  c.model.update(remat=remat, scan_layers=scan)
+  c.model.update(remat=remat, scan_layers=scan, scan_unroll=1)  # scanned: the loop
   cfg = build.model_config(c, vocab_size=64)
   graphdef, params, router = step_lib.split_model(
     nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))

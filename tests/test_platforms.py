@@ -64,3 +64,15 @@ def test_a_gpu_context_keeps_the_cuda_and_rocm_branches():
     jaxpr = jax.make_jaxpr(lambda x: platforms.platform_dependent(x, **branches))(jnp.ones(3))
   assert sorted(traced) == ["cuda", "rocm"]
   assert "platform_index" in str(jaxpr)
+
+
+def test_the_lowering_platform_is_the_context_meshs_else_the_default_backends():
+  assert platforms.lowering_platform() == jax.default_backend() == "cpu"
+  with compat.gpu_target():
+    assert platforms.lowering_platform() == "gpu"
+  seen = []
+  fn = sharding.tracing_mesh(
+    lambda x: (seen.append(platforms.lowering_platform()), x)[1], _cpu_mesh()
+  )
+  jax.make_jaxpr(fn)(jnp.ones(3))
+  assert seen == ["cpu"]

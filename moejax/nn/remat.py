@@ -72,11 +72,11 @@ def block_call(name: str, *, train: bool, scanned: bool = False) -> Callable:
   policy `name`.
 
   `scanned`: inside a layer scan that loops, where `none` is `save_expensive` (see `SAVED`;
-  a scan unrolled whole, `model.scan_unroll`, keeps no stacked residuals and passes False). There
-  `jax.checkpoint` keeps `prevent_cse=True` too (MaxText passes False when scanning): with
-  False, XLA:CPU fuses the recomputation differently and a scanned gradient differs from
-  the unrolled one in the last bits; with True, a remat policy gives bitwise-equal
-  gradients in both layouts (tests/test_scan.py).
+  a scan unrolled whole, `model.scan_unroll` 0 or -1 on CPU, keeps no stacked residuals and
+  passes False). There `jax.checkpoint` keeps `prevent_cse=True` too (MaxText passes False
+  when scanning): with False, XLA:CPU fuses the recomputation differently and a scanned
+  gradient differs from the unrolled one in the last bits; with True, a remat policy gives
+  bitwise-equal gradients in both layouts (tests/test_scan.py).
 
   The block is split into graph and state and run as a pure function under
   `jax.checkpoint`: a forward pass never writes the block's state (the router bias is
