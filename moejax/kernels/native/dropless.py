@@ -13,7 +13,6 @@ same routing, so the only residuals are the inputs and the gate/up projection [T
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from moejax.kernels import residuals
 from moejax.kernels.native import ops
@@ -38,20 +37,13 @@ def check(x_TxD, w_TxK, experts_TxK, w_gu_ExDx2F, w_down_ExFxD) -> None:
 
 
 def _forward_call(x_TxD, w_TxK, experts_TxK, w_gu, w_down):
-  R, F2 = w_TxK.size, w_gu.shape[-1]
-  out = (jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype), jax.ShapeDtypeStruct((R, F2), x_TxD.dtype))
+  out = ops.forward_out(x_TxD, w_TxK.size, w_gu)
   call = jax.ffi.ffi_call(TARGETS[0], out, vmap_method="sequential")
   return call(x_TxD, w_TxK, experts_TxK, w_gu, w_down)
 
 
 def _backward_call(x_TxD, dy_TxD, gu_Rx2F, w_TxK, experts_TxK, w_gu, w_down):
-  f32 = jnp.float32
-  out = (
-    jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype),
-    jax.ShapeDtypeStruct(w_TxK.shape, w_TxK.dtype),
-    jax.ShapeDtypeStruct(w_gu.shape, f32),
-    jax.ShapeDtypeStruct(w_down.shape, f32),
-  )
+  out = ops.backward_out(x_TxD, w_TxK, w_gu, w_down)
   call = jax.ffi.ffi_call(TARGETS[1], out, vmap_method="sequential")
   return call(x_TxD, dy_TxD, gu_Rx2F, w_TxK, experts_TxK, w_gu, w_down)
 

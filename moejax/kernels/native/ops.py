@@ -66,21 +66,32 @@ def check(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu_ExDx2F, w_down_ExFxD) -> No
   )
 
 
+def forward_out(x_TxD, rows: int, w_gu) -> tuple:
+  """A forward call's results: y like x, and the gate/up projection [rows, 2F] (residual)."""
+  like_x = jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype)
+  return like_x, jax.ShapeDtypeStruct((rows, w_gu.shape[-1]), x_TxD.dtype)
+
+
+def backward_out(x_TxD, w, w_gu, w_down) -> tuple:
+  """A backward call's results: dx like x, dL/dw like the routing weights `w`, and the f32
+  weight gradients."""
+  f32 = jnp.float32
+  return (
+    jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype),
+    jax.ShapeDtypeStruct(w.shape, w.dtype),
+    jax.ShapeDtypeStruct(w_gu.shape, f32),
+    jax.ShapeDtypeStruct(w_down.shape, f32),
+  )
+
+
 def _forward_call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
-  R, F2 = w_R.shape[0], w_gu.shape[-1]
-  out = (jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype), jax.ShapeDtypeStruct((R, F2), x_TxD.dtype))
+  out = forward_out(x_TxD, w_R.shape[0], w_gu)
   call = jax.ffi.ffi_call("moejax_native_forward", out, vmap_method="sequential")
   return call(x_TxD, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
 
 
 def _backward_call(x_TxD, dy_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down):
-  f32 = jnp.float32
-  out = (
-    jax.ShapeDtypeStruct(x_TxD.shape, x_TxD.dtype),
-    jax.ShapeDtypeStruct(w_R.shape, w_R.dtype),
-    jax.ShapeDtypeStruct(w_gu.shape, f32),
-    jax.ShapeDtypeStruct(w_down.shape, f32),
-  )
+  out = backward_out(x_TxD, w_R, w_gu, w_down)
   call = jax.ffi.ffi_call("moejax_native_backward", out, vmap_method="sequential")
   return call(x_TxD, dy_TxD, gu_Rx2F, w_R, tok_R, expert_R, row_TxK, w_gu, w_down)
 
