@@ -73,7 +73,10 @@ def main() -> None:
   for _ in range(args.repeats):
     for name, a in arms.items():
       best[name] = [min(b, t) for b, t in zip(best[name], parts(a))]
-  print(f"backend={jax.default_backend()} shape E/K/f={args.shape} scan={c.model.scan_layers}")
+  m = c.model
+  print(
+    f"backend={jax.default_backend()} shape E/K/f={args.shape} scan={m.scan_layers}/{m.scan_unroll}"
+  )
   print("| arm | trace s | lower s | compile s | total s | total over dense |")
   print("|---|---:|---:|---:|---:|---:|")
   dense_total = sum(best["dense"])
@@ -87,7 +90,8 @@ def main() -> None:
     for row in rows:
       row.update(cpu_profile.compile_spans(lowered(arms[row["arm"]]).compile))
       print(row["arm"], {k: row[k] for k in (*cpu_profile.COMPILE_SPANS, "fused_kernels")})
-  shape = {"E/K/f": args.shape, "layers": c.model.n_layers, "scan_layers": c.model.scan_layers}
+  shape = {"E/K/f": args.shape, "layers": m.n_layers, "scan_layers": m.scan_layers}
+  shape["scan_unroll"] = m.scan_unroll
   write_result(args.result, {"rows": rows, **shape, "repeats": args.repeats})
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from moejax.errors import UserError
-from moejax.nn import losses
+from moejax.nn import balance, losses
 
 _ce = jax.jit(losses.cross_entropy)
-_lb = jax.jit(losses.load_balance_loss, static_argnames=("granularity", "n_shards"))
+_lb = jax.jit(balance.load_balance_loss, static_argnames=("granularity", "n_shards"))
 _z = jax.jit(losses.router_z_loss)
 
 
@@ -88,9 +88,7 @@ def test_cross_entropy_gradient_matches_numpy():
   logits = rng.normal(size=(2, 5, 7)).astype(np.float32) * 3
   targets = rng.integers(0, 7, size=(2, 5))
   mask = (rng.random((2, 5)) > 0.3).astype(np.float32)
-  grad = jax.grad(lambda z: _ce(z, jnp.asarray(targets), jnp.asarray(mask))[0])(
-    jnp.asarray(logits)
-  )
+  grad = jax.grad(lambda z: _ce(z, jnp.asarray(targets), jnp.asarray(mask))[0])(jnp.asarray(logits))
   e = np.exp(logits - logits.max(-1, keepdims=True))
   ref = (e / e.sum(-1, keepdims=True) - np.eye(7)[targets]) * mask[..., None] / mask.sum()
   np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-7)
@@ -156,7 +154,7 @@ def test_granularities_equal_when_every_sequence_routes_alike():
 
 def test_assignment_fractions_and_f_override():
   probs, assign = _routing()
-  f = losses.assignment_fractions(jnp.asarray(assign))
+  f = balance.assignment_fractions(jnp.asarray(assign))
   ref_f = assign.reshape(-1, 4).sum(0) / assign.sum()
   np.testing.assert_allclose(f, ref_f, rtol=1e-6)
   P, A = jnp.asarray(probs), jnp.asarray(assign)
@@ -171,13 +169,13 @@ def test_gradient_flows_only_through_probs():
   P, A = jnp.asarray(probs), jnp.asarray(assign)
   for kind in ("sequence", "micro_batch", "global_batch"):
     gP, gA = jax.grad(
-      lambda p, a: losses.load_balance_loss(p, a, granularity=kind, n_shards=2), argnums=(0, 1)
+      lambda p, a: balance.load_balance_loss(p, a, granularity=kind, n_shards=2), argnums=(0, 1)
     )(P, A)
     assert np.all(np.asarray(gA) == 0.0), kind
     assert np.abs(np.asarray(gP)).sum() > 0, kind
   # Global: d/dp[b,t,i] = E * f_i / (B*L).
   f = assign.reshape(-1, 4).sum(0) / assign.sum()
-  gP = jax.grad(lambda p: losses.load_balance_loss(p, A, granularity="global_batch"))(P)
+  gP = jax.grad(lambda p: balance.load_balance_loss(p, A, granularity="global_batch"))(P)
   np.testing.assert_allclose(gP, np.broadcast_to(4 * f / 24, probs.shape), rtol=1e-5)
 
 
@@ -193,7 +191,7 @@ def test_gradient_flows_only_through_probs():
 def test_load_balance_bad_arguments(kwargs):
   probs, assign = _routing()
   with pytest.raises(UserError):
-    losses.load_balance_loss(jnp.asarray(probs), jnp.asarray(assign), **kwargs)
+    balance.load_balance_loss(jnp.asarray(probs), jnp.asarray(assign), **kwargs)
 
 
 def test_router_z_loss_matches_numpy():
@@ -263,8 +261,8 @@ def test_balance_conventions_match_numpy(choices, convention, granularity):
   r = np.random.default_rng(11)
   probs = r.dirichlet(np.ones(E), size=(B, L)).astype(np.float32)
   experts = np.argsort(-(probs + r.uniform(size=probs.shape) * 0.2), -1)[..., :K]
-  assign = losses.balance_assignments(jnp.asarray(experts), E, choices)
-  got = losses.load_balance_loss(
+  assign = balance.balance_assignments(jnp.asarray(experts), E, choices)
+  got = balance.load_balance_loss(
     jnp.asarray(probs), assign, granularity=granularity, convention=convention
   )
   flat_p, flat_e = probs.reshape(-1, E), experts.reshape(-1, K)
@@ -277,9 +275,9 @@ def test_balance_conventions_match_numpy(choices, convention, granularity):
   # copied coefficient is calibrated to.
   flat = jnp.full((1, E, E), 1.0 / E)
   uniform = jnp.asarray([[[(t + j) % E for j in range(K)] for t in range(E)]])
-  bal = losses.load_balance_loss(
+  bal = balance.load_balance_loss(
     flat,
-    losses.balance_assignments(uniform, E, choices),
+    balance.balance_assignments(uniform, E, choices),
     granularity=granularity,
     convention=convention,
   )
@@ -290,13 +288,13 @@ def test_balance_conventions_match_numpy(choices, convention, granularity):
 def test_balance_fractions_global_override_and_bad_names():
   counts = jnp.asarray([[3.0, 1.0, 0.0, 4.0]])
   np.testing.assert_allclose(
-    losses.balance_fractions(counts, 4, "fraction"), [[3 / 8, 1 / 8, 0, 4 / 8]]
+    balance.balance_fractions(counts, 4, "fraction"), [[3 / 8, 1 / 8, 0, 4 / 8]]
   )
-  np.testing.assert_allclose(losses.balance_fractions(counts, 4, "count"), [[3 / 4, 1 / 4, 0, 1]])
+  np.testing.assert_allclose(balance.balance_fractions(counts, 4, "count"), [[3 / 4, 1 / 4, 0, 1]])
   with pytest.raises(ValueError, match="loss.balance_convention"):
-    losses.balance_fractions(counts, 4, "tokens")
+    balance.balance_fractions(counts, 4, "tokens")
   with pytest.raises(ValueError, match="loss.balance_choices"):
-    losses.balance_assignments(jnp.zeros((2, 2), jnp.int32), 4, "top2")
+    balance.balance_assignments(jnp.zeros((2, 2), jnp.int32), 4, "top2")
 
 
 @pytest.mark.parametrize("choices", ["all", "top1"])
@@ -311,8 +309,8 @@ def test_balance_from_a_layers_sums_matches_numpy(choices, convention, granulari
   probs = r.dirichlet(np.ones(E), size=(B, L)).astype(np.float32)
   experts = np.argsort(-(probs + r.uniform(size=probs.shape) * 0.2), -1)[..., :K]
   experts[..., 1:] = np.where(r.uniform(size=(B, L, K - 1)) < 0.3, E, experts[..., 1:])
-  sums = losses.balance_sums(jnp.asarray(probs), jnp.asarray(experts), E)
-  got = losses.balance_from_sums(
+  sums = balance.balance_sums(jnp.asarray(probs), jnp.asarray(experts), E)
+  got = balance.balance_from_sums(
     sums, granularity=granularity, choices=choices, n_shards=2, convention=convention
   )
   flat_p, flat_e = probs.reshape(-1, E), experts.reshape(-1, K)

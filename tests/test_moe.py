@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.nn import losses
+from moejax.nn import balance, losses
 from moejax.nn.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
 from moejax.nn.overrides import Overrides
 
@@ -49,10 +49,10 @@ def aux_of(ro: RouterOut) -> dict:
   losses, computed as the trainer does (losses.py) on the whole call."""
   E_ = ro.probs.shape[-1]
   probs = ro.probs.reshape(1, -1, E_)
-  assign = losses.balance_assignments(ro.experts, E_, "all").reshape(1, -1, E_)
+  assign = balance.balance_assignments(ro.experts, E_, "all").reshape(1, -1, E_)
   return {
     **ro.diag._asdict(),
-    "aux_loss": losses.load_balance_loss(probs, assign, granularity="global_batch"),
+    "aux_loss": balance.load_balance_loss(probs, assign, granularity="global_batch"),
     "z_loss": losses.router_z_loss(ro.logits),
   }
 

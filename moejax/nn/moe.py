@@ -17,7 +17,7 @@ from flax import nnx
 from moejax.errors import UserError, check_choice
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
-from moejax.nn import elastic, losses, routing
+from moejax.nn import balance, elastic, losses, routing
 from moejax.nn.layers import DTYPES, DenseFFN, init_normal
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
@@ -54,7 +54,7 @@ class RouterOut(NamedTuple):
   probs: jax.Array  # [..., E] full-router probabilities, per token summing to 1
   experts: jax.Array  # [..., k] int32 selected experts, best first (E: an unused rank)
   diag: Diagnostics
-  balance: losses.BalanceSums  # per sequence (x's leading shape less its last axis)
+  balance: balance.BalanceSums  # per sequence (x's leading shape less its last axis)
   z_loss: jax.Array  # float32 scalar, the router z-loss over this call's tokens
   moe_out_rms: jax.Array | None = None  # rms of routed + shared output (Overrides.grid_stats)
 
@@ -311,11 +311,9 @@ def router_out(lead, logits_TxE, probs_TxE, experts_TxK, diag, moe_out_rms) -> R
   (E, k), shape = (probs_TxE.shape[-1], experts_TxK.shape[-1]), tuple(lead)
   probs = probs_TxE.reshape(*shape, E)
   experts = experts_TxK.reshape(*shape, k)
-  balance = losses.balance_sums(probs, experts, E)
+  sums = balance.balance_sums(probs, experts, E)
   z_loss = losses.router_z_loss(logits_TxE)
-  return RouterOut(
-    logits_TxE.reshape(*shape, E), probs, experts, diag, balance, z_loss, moe_out_rms
-  )
+  return RouterOut(logits_TxE.reshape(*shape, E), probs, experts, diag, sums, z_loss, moe_out_rms)
 
 
 def native_k2(cfg: MoEConfig, k2, train: bool):

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from moejax.nn import losses
+from moejax.nn import balance, losses
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import set_moe_biases
 from moejax.nn.moe import RouterBias, RouterOut
@@ -50,14 +50,14 @@ def moe_losses(routers: dict[int, RouterOut], lc: LossConfig, f_LxE: jax.Array |
     return jax.tree.map(lambda *a: jnp.stack(a), *(getattr(r, field) for r in routers.values()))
 
   sums, z_M, diag = stacked("balance"), stacked("z_loss"), stacked("diag")
-  balance = functools.partial(
-    losses.balance_from_sums,
+  layer_loss = functools.partial(
+    balance.balance_from_sums,
     granularity=lc.balance_granularity,
     choices=lc.balance_choices,
     n_shards=lc.n_shards,
     convention=lc.balance_convention,
   )
-  balance_M = jax.vmap(balance)(sums, f_E=f_LxE)
+  balance_M = jax.vmap(layer_loss)(sums, f_E=f_LxE)
   counts_MxSxE = sums.top1_SxE if lc.balance_choices == "top1" else sums.all_SxE
   per_layer = {"aux_loss": balance_M, "z_loss": z_M, **diag._asdict()}
   metrics = {
@@ -122,7 +122,7 @@ def global_fractions(
   )
   total, _ = jax.lax.scan(body, jnp.zeros(loads0.balance_LxE.shape, jnp.float32), (micro, keys))
   n_tokens = tokens_BxL1.shape[0] * (tokens_BxL1.shape[1] - 1)
-  return losses.balance_fractions(total, n_tokens, lc.balance_convention)
+  return balance.balance_fractions(total, n_tokens, lc.balance_convention)
 
 
 def make_train_step(
