@@ -4,10 +4,10 @@ Run: python benchmarks/scan_layers.py [--shape 64/8/32] [--repeats 5] [--compile
                                       [--set KEY=VALUE ...] [--profile]
 The study shape (`base_config()` with qwen3_moe, E/K/f) and its dense twin (d_ff = K·f),
 each built in three layouts (`LAYOUTS`: scanned as a loop, TPU's and GPU's default;
-scanned with `model.scan_unroll=0`, the stacked layout without a loop, the default on CPU with remat none;
-unrolled), six train steps
-compiled in one process and timed interleaved (min of `--repeats`); each arm's compile is
-the fastest of `--compile-repeats` rounds, arms interleaved, after one untimed round. Prints
+scanned with `model.scan_unroll=0`, the stacked layout without a loop, the default on CPU
+with remat none; unrolled), six train steps compiled in one process and timed interleaved
+(min of `--repeats`); each arm's compile is the fastest of `--compile-repeats` rounds, arms
+interleaved, after one untimed round. Prints
 the compile seconds of each, the MoE/dense compile ratio in each layout, each scanned
 layout's step-time ratio to the unrolled one and XLA's step bytes, and writes them to
 benchmarks/results/scan_layers.json (`--result NAME` for another name). `--profile` then

@@ -324,7 +324,7 @@ def _stack(seg: stack.Segment, blocks: list[Block]) -> Stack:
 
 def auto_unroll(remat_policy: str, platform: str) -> int:
   """`model.scan_unroll=-1`'s value: 0 (no loop) for a CPU program without remat, else 1.
-  XLA:CPU's loop costs the study shape's step 5-16 % against the unrolled program, MoE and
+  XLA:CPU's loop costs the study shape's step 6-16 % against the unrolled program, MoE and
   dense alike, and saves no compile time at its depth; on TPU and GPU the loop keeps the
   compile from growing with depth. A remat policy keeps the loop on CPU too: written out
   whole, the stacked layout's gradient keeps most of what remat frees (`full`: 23.7 MB of
