@@ -100,7 +100,7 @@ def check_placeholders(run: RunSpec, c: ml_collections.ConfigDict) -> None:
 def memory_signature(c: ml_collections.ConfigDict) -> str:
   """What sets the train step's bytes: the config without VALUE_KEYS, with the merge rule
   as its resolved structure (RULE_MATH left out)."""
-  from moejax import build  # pylint: disable=import-outside-toplevel
+  from moejax import config  # pylint: disable=import-outside-toplevel
 
   d = c.to_dict()
   for key in VALUE_KEYS:
@@ -110,7 +110,7 @@ def memory_signature(c: ml_collections.ConfigDict) -> str:
       node = node.get(part, {})
     node.pop(last, None)
   if c.model.moe_every > 0:
-    rule = build.resolved_rule(c)
+    rule = config.resolve(c).resolved_rule()
     for field in (*rule, "rule"):
       d["model"]["moe"].pop(field, None)
     d["model"]["moe"]["resolved_rule"] = {k: v for k, v in rule.items() if k not in RULE_MATH}
@@ -124,19 +124,21 @@ def check_fit(
   UserError naming the run when it does not compile, lower or fit. `store`: an
   `aot.cache.Store` of earlier compiles (None: compile)."""
   from moejax import aot  # pylint: disable=import-outside-toplevel
+  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
 
+  rc = validate(c)
   topology = aot.topology_of_accelerator(accelerators)
   if topology is not None:
     if not aot.libtpu_available():
       return f"not checked: no libtpu here ({aot.TPU_INSTALL}) to compile for {topology}"
     target, flag = aot.tpu_target(topology), f"--topology {topology}"
-    return _fit_line(label, c, accelerators, target, flag, store)
+    return _fit_line(label, rc, accelerators, target, flag, store)
   gpu = aot.gpu_of_accelerator(accelerators, num_nodes)
   if gpu is not None and aot.cuda_available():
-    return _fit_line(label, c, accelerators, aot.gpu_target(gpu), f"--gpu {gpu}", store)
+    return _fit_line(label, rc, accelerators, aot.gpu_target(gpu), f"--gpu {gpu}", store)
   gpus = _gpu_count(accelerators) * num_nodes
   try:
-    aot.export_gpu(c, gpus)
+    aot.export_gpu(rc, gpus)
   except UserError as e:
     raise UserError(f"run {label}: {e}") from None
   except Exception as e:  # noqa: BLE001  any lowering error refuses the run
@@ -154,10 +156,10 @@ def _sky_gpus(aot) -> list[str]:
   return [g.sky[0] for g in aot.GPUS.values()]
 
 
-def _fit_line(label, c, accelerators, target, flag, store) -> str:
+def _fit_line(label, rc, accelerators, target, flag, store) -> str:
   from moejax import aot  # pylint: disable=import-outside-toplevel
 
-  fp = aot.footprint(c, target, f"run {label}", store)
+  fp = aot.footprint(rc, target, f"run {label}", store)
   need, have = fp.total / 2**30, target.hbm_bytes / 2**30
   if not fp.fits:
     raise UserError(

@@ -31,9 +31,10 @@ from __future__ import annotations
 import functools
 import sys
 
-import ml_collections
+
 
 from moejax import aot, sharding
+from moejax.config import RunConfig
 from moejax.errors import UserError
 from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
   count_groups,
@@ -57,12 +58,12 @@ def _gib(n: int) -> str:
 _COMPILER = {"tpu": "TPU compiler", "cuda": "GPU compiler (XLA:GPU)"}
 
 
-def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
+def format_fit(fp, rc: RunConfig, grid=None) -> str:
   """Per-device bytes of the compiled train step on a target (a `moejax.aot.Footprint`),
   whether they fit its memory, and the step's while loops; `grid`: the k-grid forward's
   bytes on one device."""
   t = fp.target
-  sizes = sharding.mesh_shape(c.mesh, t.n_devices)
+  sizes = sharding.mesh_shape(rc.mesh, t.n_devices)
   mesh = ", ".join(f"{a} {n}" for a, n in zip(sharding.AXES, sizes))
   compiler = _COMPILER[t.platform]
   how = f"{compiler}: memory_analysis()"
@@ -86,17 +87,17 @@ def format_fit(fp, c: ml_collections.ConfigDict, grid=None) -> str:
   lines = [
     f"fit: {t.name} ({t.n_devices} devices, {t.hbm_bytes / 2**30:.2f} GiB usable each:",
     f"  {t.hbm_source})",
-    f"  train step per device: impl {fp.impl}, mesh {mesh}, grad_accum {c.train.grad_accum},",
+    f"  train step per device: impl {fp.impl}, mesh {mesh}, grad_accum {rc.train.grad_accum},",
     (
-      f"  batch {c.data.batch_size} x {c.data.seq_len} tokens, dtype {c.model.dtype}, "
-      f"remat {c.model.remat}, attention {c.model.attention}"
+      f"  batch {rc.data.batch_size} x {rc.data.seq_len} tokens, dtype {rc.model.dtype}, "
+      f"remat {rc.model.remat}, attention {rc.model.attention}"
     ),
   ]
   lines += [f"    {name:<16}{_gib(n)}  {note}" for name, n, note in rows]
   if grid is not None:
     lines.append(
       f"    {'k-grid forward':<16}{_gib(grid.temp_size_in_bytes)}  temporaries on one device, "
-      f"eval.batch_size {c.eval.batch_size}, beside {_gib(grid.argument_size_in_bytes).strip()}"
+      f"eval.batch_size {rc.eval.batch_size}, beside {_gib(grid.argument_size_in_bytes).strip()}"
     )
   verdict = "fits" if fp.fits else "DOES NOT FIT"
   lines.append(
@@ -120,27 +121,27 @@ def resolve_target(topology: str = "", gpu: str = "", fit: str = ""):
   return aot.tpu_target(topology) if topology else aot.gpu_target(gpu)
 
 
-def fit(c: ml_collections.ConfigDict, topology: str = "", gpu: str = "") -> str:
+def fit(rc: RunConfig, topology: str = "", gpu: str = "") -> str:
   """The fit table of `c` on a TPU topology ('v5e:4x4') or on GPU nodes ('h100:8')."""
-  return fit_on(c, resolve_target(topology, gpu))
+  return fit_on(rc, resolve_target(topology, gpu))
 
 
-def fit_on(c: ml_collections.ConfigDict, target) -> str:
+def fit_on(rc: RunConfig, target) -> str:
   """The fit table of `c` on a `moejax.aot.Target`."""
-  fp = aot.footprint(c, target, "--config")
+  fp = aot.footprint(rc, target, "--config")
   grid = None
-  if c.model.moe_every > 0:
-    grid = _grid_memory(aot, c, target)
-  return format_fit(fp, c, grid)
+  if rc.moe is not None:
+    grid = _grid_memory(aot, rc, target)
+  return format_fit(fp, rc, grid)
 
 
-def fit_search(c: ml_collections.ConfigDict, family: str, out=print) -> list:
+def fit_search(rc: RunConfig, family: str, out=print) -> list:
   """`--fit FAMILY`: the table of each size tried (`aot.fit.search`), each row passed to
   `out` as soon as it is known, then the smallest fit and its fit table. Returns the
   `aot.fit.Tried` rows."""
-  out(aot.fit.format_intro(c, family))
+  out(aot.fit.format_intro(rc, family))
   tried = []
-  for row in aot.fit.search(c, family):
+  for row in aot.fit.search(rc, family):
     tried.append(row)
     out(aot.fit.format_row(row))
   out(aot.fit.format_summary(tried, family))
@@ -152,10 +153,10 @@ def fit_search(c: ml_collections.ConfigDict, family: str, out=print) -> list:
   return tried
 
 
-def _grid_memory(aot, c, target):
+def _grid_memory(aot, rc: RunConfig, target):
   """The grid forward's memory_analysis, or None when it does not compile on one device."""
   try:
-    return aot.grid_forward(c, target).memory_analysis()
+    return aot.grid_forward(rc, target).memory_analysis()
   except Exception:  # noqa: BLE001  (an OOM on one chip: reported as absent)
     return None
 
@@ -195,11 +196,11 @@ def main(argv: list[str]) -> int:
     f"Accelerator family whose smallest slice the train step fits: {', '.join(aot.fit.FAMILIES)}.",
   )
   cli.parse_flags(argv, config, example="configs/full/mixtral.py")
-  validate(config.value)
+  rc = validate(config.value)
   targets = (topology.value, gpu.value, fit_family.value)
   where = resolve_target(*targets) if any(targets) else None
-  vocab, note = nominal_vocab(config.value)
-  ws = worksheet(config.value, vocab)
+  vocab, note = nominal_vocab(rc)
+  ws = worksheet(rc.with_vocab(vocab))
   if as_json.value:
     import json  # pylint: disable=import-outside-toplevel
 
@@ -209,9 +210,9 @@ def main(argv: list[str]) -> int:
     if note:
       print(note)
   if fit_family.value:
-    fit_search(config.value, fit_family.value, functools.partial(print, flush=True))
+    fit_search(rc, fit_family.value, functools.partial(print, flush=True))
   elif where is not None:
-    print(fit_on(config.value, where))
+    print(fit_on(rc, where))
   return 0
 
 

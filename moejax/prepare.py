@@ -13,7 +13,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from moejax import cli
+from moejax import cli, config
 from moejax.data import prepare as prepare_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A get_config() file (configs/*.py).")
@@ -27,7 +27,8 @@ def main() -> int:
   cli.parse_flags(sys.argv, _CONFIG, example="configs/quickstart.py")
   if not _OUT.value:
     cli.fail("--out is required, e.g. --out data/quickstart")
-  m = prepare_lib.prepare(_CONFIG.value.data, _OUT.value, part_bytes=int(_PART_MB.value * 1e6))
+  data = config.resolve(_CONFIG.value).data  # every key checked before anything is written
+  m = prepare_lib.prepare(data, _OUT.value, part_bytes=int(_PART_MB.value * 1e6))
   p = m["prepare"]
   rate = p["encoded_tokens"] / p["encode_seconds"] if p["encode_seconds"] else 0.0
   per_cpu = p["encoded_tokens"] / p["encode_cpu_seconds"] if p["encode_cpu_seconds"] else 0.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -22,18 +21,16 @@ from moejax.errors import UserError
 AXES = ("data", "fsdp", "expert")
 
 
-def make_mesh(m: ml_collections.ConfigDict, devices=None) -> Mesh:
+def make_mesh(m, devices=None) -> Mesh:
   """Mesh of shape (data, fsdp, expert) over `devices` (default `jax.devices()`; moejax.aot
   passes a TPU topology's compile-only devices)."""
   devices = jax.devices() if devices is None else list(devices)
   return compat.mesh(np.asarray(devices).reshape(mesh_shape(m, len(devices))), AXES)
 
 
-def mesh_shape(m: ml_collections.ConfigDict, n: int) -> tuple[int, int, int]:
-  """(data, fsdp, expert) for `n` devices; `mesh.data=-1` takes the remaining devices."""
-  for axis in ("fsdp", "expert"):
-    if m[axis] < 1:
-      raise UserError(f"mesh.{axis}={m[axis]} is not allowed; use an int >= 1")
+def mesh_shape(m, n: int) -> tuple[int, int, int]:
+  """(data, fsdp, expert) for `n` devices; `mesh.data=-1` takes the remaining devices. `m`:
+  the RunConfig's `mesh` (config.sections.MeshConfig, which has checked each axis)."""
   data = m.data if m.data != -1 else n // (m.fsdp * m.expert)
   if data < 1 or data * m.fsdp * m.expert != n:
     raise UserError(

@@ -28,19 +28,19 @@ def main() -> int:
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
   from moejax.validate import validate  # pylint: disable=import-outside-toplevel
 
-  validate(_CONFIG.value)  # every key and the grid's cells, before anything is built (exit 2)
-
   main_process = distributed.is_main()
-  log = print if main_process else (lambda *a, **k: None)
   _CONFIG.value.train.progress &= main_process
+  rc = validate(_CONFIG.value)  # every key and the grid's cells, before anything is built
+
+  log = print if main_process else (lambda *a, **k: None)
   try:
-    summary = trainer.train(_CONFIG.value, _WORKDIR.value, log=log)
+    summary = trainer.train(rc, _WORKDIR.value, log=log)
   except (trainer.Diverged, trainer.SaveFailed) as e:
     cli.fail(e, code=1)
   if summary["stopped_by"]:
     log(f"stopped by {summary['stopped_by']} at step {summary['step']}; rerun to resume")
     return 0
-  if _CONFIG.value.eval.after_train:
+  if rc.eval.after_train:
     from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
 
     run_grid(_WORKDIR.value, log=log)

@@ -1,6 +1,7 @@
-"""The one check of a run config, before anything is built: every key against the schema
-(`moejax.config.check`) and the k-grid's cells (`eval.k1`/`eval.k2`, `kgrid.cells`).
-Entry points call it once; a bad value is a one-line UserError naming the key (exit 2)."""
+"""The one check of a run config, before anything is built: `config.resolve` (every key
+against the schema, the typed RunConfig) and the k-grid's cells (`eval.k1`/`eval.k2`,
+`kgrid.cells`). Entry points call it once and pass the RunConfig down; a bad value is a
+one-line UserError naming the key (exit 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from moejax import config
 from moejax.kgrid import cells
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-  config.check(c)
-  cells.check_eval(c)
+def validate(c: ml_collections.ConfigDict) -> config.RunConfig:
+  rc = config.resolve(c)
+  cells.check_eval(rc)
+  return rc

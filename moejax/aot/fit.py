@@ -26,15 +26,16 @@ adds is not compiled (it runs on one device, whatever the slice), nor is the aot
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import ml_collections
-
 from moejax import sharding
 from moejax.aot import memory, programs, targets
+from moejax.config import RunConfig
+from moejax.config.sections import MeshConfig
 from moejax.errors import UserError
 
 _V5E_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
@@ -65,7 +66,7 @@ class Tried(NamedTuple):
   hbm_bytes: int  # usable per device
   skipped: str  # why it was not compiled; "" when it was
   footprint: memory.Footprint | None
-  config: ml_collections.ConfigDict  # the config with this size's mesh
+  config: RunConfig  # the config with this size's mesh
   seconds: float  # lowering and compile
 
   @property
@@ -102,7 +103,7 @@ def target(platform: str, name: str) -> targets.Target:
   return targets.tpu_target(name) if platform == "tpu" else targets.gpu_target(name)
 
 
-def fit_mesh(m: ml_collections.ConfigDict, n: int) -> tuple[int, int, int]:
+def fit_mesh(m: MeshConfig, n: int) -> tuple[int, int, int]:
   """(data, fsdp, expert) of a config's mesh `m` on `n` devices (the module docstring, 1)."""
   if m.data != -1 and m.data * m.fsdp * m.expert == n:
     return m.data, m.fsdp, m.expert
@@ -110,37 +111,35 @@ def fit_mesh(m: ml_collections.ConfigDict, n: int) -> tuple[int, int, int]:
   return 1, n // expert, expert
 
 
-def on_mesh(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -> ml_collections.ConfigDict:
-  """A copy of `c` with `mesh` as its data, fsdp and expert."""
-  out = c.copy_and_resolve_references()
-  out.mesh.update(dict(zip(sharding.AXES, mesh)))
-  return out
+def on_mesh(rc: RunConfig, mesh: tuple[int, int, int]) -> RunConfig:
+  """`rc` with `mesh` as its data, fsdp and expert."""
+  return dataclasses.replace(rc, mesh=MeshConfig(**dict(zip(sharding.AXES, mesh))))
 
 
-def batch_reason(c: ml_collections.ConfigDict, mesh: tuple[int, int, int]) -> str:
-  """Why `c`'s batch cannot run on `mesh` ("" when it can): it must divide by data × fsdp
+def batch_reason(rc: RunConfig, mesh: tuple[int, int, int]) -> str:
+  """Why `rc`'s batch cannot run on `mesh` ("" when it can): it must divide by data × fsdp
   × grad_accum (`trainer.check_config`)."""
-  shards = mesh[0] * mesh[1] * c.train.grad_accum
-  if c.data.batch_size % shards == 0:
+  shards = mesh[0] * mesh[1] * rc.train.grad_accum
+  if rc.data.batch_size % shards == 0:
     return ""
-  return f"batch {c.data.batch_size} does not divide by {shards}"
+  return f"batch {rc.data.batch_size} does not divide by {shards}"
 
 
-def state_bytes(c: ml_collections.ConfigDict, t: targets.Target) -> int:
+def state_bytes(rc: RunConfig, t: targets.Target) -> int:
   """Per-device bytes of the train step's arguments on `t` with `c`'s mesh: the state,
   the batch and the rng, exact from their shardings (nothing compiles; a lower bound on
   `Footprint.total`)."""
-  a = programs.abstract_run(c, t)
+  a = programs.abstract_run(rc, t)
   return memory.device_bytes((a.run.state, a.tokens, a.rng))
 
 
-def try_size(c: ml_collections.ConfigDict, platform: str, name: str) -> Tried:
+def try_size(rc: RunConfig, platform: str, name: str) -> Tried:
   """One size of the search: meshed, checked and, unless skipped, compiled."""
   t = target(platform, name)
-  mesh = fit_mesh(c.mesh, t.n_devices)
-  sized = on_mesh(c, mesh)
+  mesh = fit_mesh(rc.mesh, t.n_devices)
+  sized = on_mesh(rc, mesh)
   row = Tried(name, t.n_devices, mesh, t.hbm_bytes, "", None, sized, 0.0)
-  reason = batch_reason(c, mesh)
+  reason = batch_reason(rc, mesh)
   if reason:
     return row._replace(skipped=reason)
   state = state_bytes(sized, t)
@@ -151,11 +150,11 @@ def try_size(c: ml_collections.ConfigDict, platform: str, name: str) -> Tried:
   return row._replace(footprint=fp, seconds=time.perf_counter() - start)
 
 
-def search(c: ml_collections.ConfigDict, name: str) -> Iterator[Tried]:
+def search(rc: RunConfig, name: str) -> Iterator[Tried]:
   """Each size of family `name` tried in order, up to the first that fits."""
   fam = family(name)
   for size in fam.sizes:
-    tried = try_size(c, fam.platform, size)
+    tried = try_size(rc, fam.platform, size)
     yield tried
     if tried.fits:
       return
@@ -172,10 +171,10 @@ def _devices(n: int, platform: str) -> str:
   return f"{n} {unit}{'s' * (n != 1)}"
 
 
-def format_intro(c: ml_collections.ConfigDict, name: str) -> str:
+def format_intro(rc: RunConfig, name: str) -> str:
   """The lines above the table: the family, the mesh rule in effect and the columns."""
   fam = family(name)
-  m = c.mesh
+  m = rc.mesh
   given = f"{m.data}×{m.fsdp}×{m.expert}"
   rule = f"FSDP fills each slice (the config's: {given})"
   if m.data != -1:

@@ -1,7 +1,8 @@
 """The trainer's step and the k-grid's forward, built from a config alone and compiled for a
 target's compile-only devices.
 
-No data is read: the vocabulary is the config's nominal one (`worksheet.nominal_vocab`) and
+No data is read (the Run has no `data`): the vocabulary is the config's nominal one
+(`worksheet.nominal_vocab`), and
 params, optimizer state, router state and the batch are `jax.ShapeDtypeStruct`s carrying the
 trainer's shardings on a data × fsdp × expert mesh of the target's devices. The function
 compiled is the one `moejax.train` runs (`trainer.compile_steps`: the guarded
@@ -12,16 +13,17 @@ anchor for this path.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import build, compat, sharding
 from moejax.aot import cache, custom_calls, loops, memory
+from moejax.config import RunConfig, sections
 from moejax.aot.targets import Target
 from moejax.errors import UserError
 from moejax.kernels import dispatch
@@ -29,7 +31,6 @@ from moejax.kgrid.forward import CellForward
 from moejax.sizing import worksheet
 from moejax.training import optim, trainer
 from moejax.training import step as step_lib
-from moejax.validate import validate
 
 
 class Abstract(NamedTuple):
@@ -40,23 +41,13 @@ class Abstract(NamedTuple):
   rng: jax.ShapeDtypeStruct  # replicated key
 
 
-class _Tokenizer(NamedTuple):
-  vocab_size: int
-
-
-class NominalData(NamedTuple):
-  """Stands in for `data.Data` in an abstract Run: only the vocabulary is read."""
-
-  tokenizer: _Tokenizer
-
-
-def target_mesh(c: ml_collections.ConfigDict, target: Target):
+def target_mesh(rc: RunConfig, target: Target):
   """The trainer's data × fsdp × expert mesh over the target's devices (an AbstractMesh
   for a target without devices, `export_gpu`: it names the GPU that Triton kernels traced
   under it are lowered for, `compat.gpu_target`)."""
   if target.devices:
-    return sharding.make_mesh(c.mesh, target.devices)
-  shape = sharding.mesh_shape(c.mesh, target.n_devices)
+    return sharding.make_mesh(rc.mesh, target.devices)
+  shape = sharding.mesh_shape(rc.mesh, target.n_devices)
   gpu = compat.DEFAULT_GPU_KIND if target.platform == "cuda" else None
   return compat.abstract_mesh(shape, sharding.AXES, gpu)
 
@@ -78,13 +69,12 @@ def _with_shardings(tree, shardings):
   )
 
 
-def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
+def abstract_run(rc: RunConfig, target: Target) -> Abstract:
   """The trainer's Run on `target`, built from the config alone (trainer.build's state)."""
-  validate(c)
-  mesh = trainer.check_config(c, target_mesh(c, target))
-  vocab, _ = worksheet.nominal_vocab(c)
-  graphdef, params, router = step_lib.split_model(build.abstract_model(c, vocab))
-  tx, schedule = optim.optimizer(c)
+  mesh = trainer.check_config(rc, target_mesh(rc, target))
+  rc = rc.with_vocab(worksheet.nominal_vocab(rc)[0]).with_shards(sharding.data_shards(mesh))
+  graphdef, params, router = step_lib.split_model(build.abstract_transformer(rc.model))
+  tx, schedule = optim.optimizer(rc.optim, rc.train.steps)
   state = {
     "step": jax.ShapeDtypeStruct((), jnp.int32),
     "params": params,
@@ -92,21 +82,20 @@ def abstract_run(c: ml_collections.ConfigDict, target: Target) -> Abstract:
     "opt_state": jax.eval_shape(tx.init, params),
   }
   state = _with_shardings(state, sharding.state_sharding(state, mesh))
-  n_params, n_active = build.count_params(params, build.model_config(c, vocab).moe)
-  data = NominalData(_Tokenizer(vocab))
-  run = trainer.Run(c, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
+  n_params, n_active = build.count_params(params, rc.moe)
+  run = trainer.Run(rc, None, graphdef, state, mesh, n_params, n_active, tx, schedule)
   tokens = jax.ShapeDtypeStruct(
-    (c.data.batch_size, c.data.seq_len + 1), jnp.int32, sharding=sharding.batch_sharding(mesh)
+    (rc.data.batch_size, rc.data.seq_len + 1), jnp.int32, sharding=sharding.batch_sharding(mesh)
   )
   key = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, P()))
   return Abstract(run, tokens, rng)
 
 
-def impl_on(c: ml_collections.ConfigDict, platform: str) -> str:
+def impl_on(rc: RunConfig, platform: str) -> str:
   """The dispatch kernel the config runs on `platform` (`dense` without MoE layers)."""
-  moe = c.model.moe
-  if c.model.moe_every == 0:
+  moe = rc.moe
+  if moe is None:
     return "dense"
   return dispatch.resolve_impl(moe.impl, moe.dispatch, platform)
 
@@ -123,11 +112,11 @@ def lower_train_step(abstract: Abstract, target: Target):
     return train_step(abstract).lower(abstract.run.state, abstract.tokens, abstract.rng)
 
 
-def _footprint(c, target: Target, abstract: Abstract, **fields) -> memory.Footprint:
+def _footprint(rc: RunConfig, target: Target, abstract: Abstract, **fields) -> memory.Footprint:
   state = abstract.run.state
   return memory.Footprint(
     target=target,
-    impl=impl_on(c, target.platform),
+    impl=impl_on(rc, target.platform),
     params=memory.device_bytes(state["params"]),
     opt_state=memory.device_bytes(state["opt_state"]),
     router=memory.device_bytes(state["router"]),
@@ -155,7 +144,7 @@ def _compiled(lowered, abstract: Abstract, target: Target) -> dict:
 
 
 def footprint(
-  c: ml_collections.ConfigDict,
+  rc: RunConfig,
   target: Target,
   label: str = "",
   store: cache.Store | None = None,
@@ -164,7 +153,7 @@ def footprint(
   a Footprint that does not fit; any other compile error is a UserError naming the target.
   With a `store`, a program compiled before (the same lowered text, target and compilers)
   is read from it instead (`Footprint.cached`), and a new answer is written to it."""
-  abstract = abstract_run(c, target)
+  abstract = abstract_run(rc, target)
   try:
     lowered = lower_train_step(abstract, target)
     k = cache.key(lowered.as_text(), target) if store else ""
@@ -175,34 +164,37 @@ def footprint(
                     f"{target.name}: {type(e).__name__}: {memory.first_line(e)}") from e  # fmt: skip
   if store and hit is None:
     store.save(k, answer)
-  return _footprint(c, target, abstract, **answer, cached=hit is not None)
+  return _footprint(rc, target, abstract, **answer, cached=hit is not None)
 
 
-def export_gpu(c: ml_collections.ConfigDict, n_devices: int) -> jax.export.Exported:
+def export_gpu(rc: RunConfig, n_devices: int) -> jax.export.Exported:
   """The train step exported for ("cuda",) on an abstract `n_devices` mesh: a lowering
   check that needs no GPU compiler (no memory)."""
   if n_devices < 1:
     raise UserError(f"{n_devices} GPUs is not allowed; use an int >= 1")
-  abstract = abstract_run(c, Target(f"{n_devices} x cuda", "cuda", (), n_devices, 0, ""))
+  abstract = abstract_run(rc, Target(f"{n_devices} x cuda", "cuda", (), n_devices, 0, ""))
   export = jax.export.export(
     train_step(abstract), platforms=("cuda",), disabled_checks=dispatch.EXPORT_DISABLED_CHECKS
   )
   return export(abstract.run.state, abstract.tokens, abstract.rng)
 
 
-def grid_forward(c: ml_collections.ConfigDict, target: Target, k1: int | None = None):
+def grid_forward(rc: RunConfig, target: Target, k1: int | None = None):
   """The k-grid's forward (one k1, integer k2) compiled for one device of `target`, as
   `moejax.evaluate` runs it: unsharded, eval.batch_size rows."""
   one = target._replace(devices=target.devices[:1], n_devices=1, hbm_source="")
-  solo = c.copy_and_resolve_references()
-  solo.mesh.update(data=1, fsdp=1, expert=1)
-  solo.data.batch_size = solo.eval.batch_size
-  solo.train.grad_accum = 1
+  solo = dataclasses.replace(
+    rc,
+    mesh=sections.MeshConfig(data=1, fsdp=1, expert=1),
+    data=dataclasses.replace(rc.data, batch_size=rc.eval.batch_size),
+    train=dataclasses.replace(rc.train, grad_accum=1),
+    loss=dataclasses.replace(rc.loss, grad_accum=1),
+  )
   abstract = abstract_run(solo, one)
   state = abstract.run.state
   n_moe = len(trainer.moe_layers(abstract.run))
   fwd = CellForward(abstract.run.graphdef, state["params"], state["router"], n_moe)
-  k1 = k1 or (c.model.moe.top_k if n_moe else 1)
+  k1 = k1 or (rc.moe.top_k if n_moe else 1)
   rep = NamedSharding(abstract.run.mesh, P())
   args = (
     state["params"],

@@ -1,17 +1,22 @@
-"""The run configuration's schema: every section a typed, frozen dataclass (`sections`, and
-the builders' own: ModelConfig, MoEConfig, LossConfig, DataConfig), `base_config()` written
-from them (`defaults`), the checks of a config (`checks`) and the keys' table (`table`,
-docs/config.md). `moejax.build` turns a config into the dataclasses and the model."""
+"""The run configuration: every section a typed, frozen dataclass (`sections`, and the
+builders' own: ModelConfig, MoEConfig, LossConfig, DataConfig), `base_config()` written from
+them (`defaults`), `resolve` (the one reader of a ConfigDict: it checks every key and builds
+the typed `RunConfig`), the cross-section checks (`checks`) and the keys' table (`table`,
+docs/config.md)."""
 
-from moejax.config.checks import check, check_keys, warnings
+from moejax.config.checks import warnings
 from moejax.config.defaults import SECTIONS, base_config, preset_base, section_defaults
+from moejax.config.resolve import from_values, merge_rule, resolve
+from moejax.config.run import RunConfig
 
 __all__ = [
   "SECTIONS",
+  "RunConfig",
   "base_config",
-  "check",
-  "check_keys",
+  "from_values",
+  "merge_rule",
   "preset_base",
+  "resolve",
   "section_defaults",
   "warnings",
 ]

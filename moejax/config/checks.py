@@ -1,13 +1,13 @@
-"""A config checked against the schema before anything is built: every key known and of its
-default's type, every section's dataclass built (each checks its own keys), then the checks
-that span sections. `moejax.validate.validate` runs this and the k-grid's cells, once."""
+"""A config checked before anything is built: every key of the ConfigDict known and of its
+default's type (`check_keys`, on the user-facing form), then, on the typed RunConfig, the
+checks that span sections (`check_run`). Each key's own choices and bounds are checked once,
+by its section's dataclass from the key's metadata; nothing here repeats them."""
 
 from __future__ import annotations
 
 import ml_collections
 
-from moejax import build
-from moejax.config.defaults import SECTIONS, base_config
+from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.schema import type_ok
 
@@ -30,53 +30,48 @@ def check_keys(c: ml_collections.ConfigDict, base: ml_collections.ConfigDict, pr
       )
 
 
-def _check_shared(c: ml_collections.ConfigDict) -> None:
+def _check_shared(rc: RunConfig) -> None:
   """The shared expert and the rule's shared gate must come together."""
-  shared = build.merge_rule(c).shared
-  d_shared = c.model.moe.d_shared
+  moe = rc.model.moe
+  shared, d_shared, name = moe.merge_rule.shared, moe.d_shared, rc.tree["model"]["moe"]["rule"]
   if d_shared > 0 and shared == "none":
     raise UserError(
-      f"model.moe.d_shared={d_shared} is not allowed with model.moe.rule={c.model.moe.rule!r}, "
+      f"model.moe.d_shared={d_shared} is not allowed with model.moe.rule={name!r}, "
       f"which has no shared expert (its parameters would be dead); use d_shared=0"
     )
   if d_shared == 0 and shared == "sigmoid":
     raise UserError(
-      f"model.moe.rule={c.model.moe.rule!r} gates a shared expert with a sigmoid; set "
+      f"model.moe.rule={name!r} gates a shared expert with a sigmoid; set "
       f"model.moe.d_shared >= 1 (now 0, so the gate would be dropped)"
     )
 
 
-def _check_run(c: ml_collections.ConfigDict) -> None:
+def _check_batch(rc: RunConfig) -> None:
   """train, data and optim keys that bound each other."""
-  if c.data.batch_size % c.train.grad_accum:
+  if rc.data.batch_size % rc.train.grad_accum:
     raise UserError(
-      f"train.grad_accum={c.train.grad_accum} must divide data.batch_size={c.data.batch_size}"
+      f"train.grad_accum={rc.train.grad_accum} must divide data.batch_size={rc.data.batch_size}"
     )
-  if c.train.stop_at > c.train.steps:
+  if rc.train.stop_at > rc.train.steps:
     raise UserError(
-      f"train.stop_at={c.train.stop_at} is not allowed; use 0 (no early stop) "
-      f"to train.steps={c.train.steps}"
+      f"train.stop_at={rc.train.stop_at} is not allowed; use 0 (no early stop) "
+      f"to train.steps={rc.train.steps}"
     )
 
 
-def check(c: ml_collections.ConfigDict) -> None:
-  """The whole config but the grid's cells; raises a one-line UserError naming the key."""
-  check_keys(c, base_config())
-  for name in ("loss", "data", "train", "optim", "eval", "wandb", "mesh"):
-    SECTIONS[name].cls(**{k: v for k, v in c[name].items()})
-  build.model_config(c, vocab_size=max(c.model.vocab_size, 2))  # model and model.moe
-  build.loss_config(c, n_shards=1)
-  _check_run(c)
-  if c.model.moe_every > 0:
-    _check_shared(c)
+def check_run(rc: RunConfig) -> None:
+  """The checks that span sections; each section has checked its own keys."""
+  _check_batch(rc)
+  if rc.model.moe is not None:
+    _check_shared(rc)
 
 
-def warnings(c: ml_collections.ConfigDict) -> list[str]:
+def warnings(rc: RunConfig) -> list[str]:
   """Valid but probably unintended settings, printed when training starts."""
   out = []
-  if c.optim.warmup_steps >= c.train.steps:
+  if rc.optim.warmup_steps >= rc.train.steps:
     out.append(
-      f"warning: optim.warmup_steps={c.optim.warmup_steps} >= train.steps={c.train.steps}; "
-      f"the warmup is clamped to {max(c.train.steps - 1, 0)} steps"
+      f"warning: optim.warmup_steps={rc.optim.warmup_steps} >= train.steps={rc.train.steps}; "
+      f"the warmup is clamped to {max(rc.train.steps - 1, 0)} steps"
     )
   return out

@@ -12,8 +12,9 @@ from typing import NamedTuple
 import ml_collections
 from ml_collections import config_dict
 
-from moejax import build, schema
+from moejax import schema
 from moejax.config import sections
+from moejax.config.run import LOSS_FROM_RUN, MOE_FROM_MODEL, RULE_COUNTS, RULE_OVERRIDES
 from moejax.data.config import DataConfig
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import ModelConfig
@@ -31,8 +32,8 @@ class Section(NamedTuple):
 # rule's (moejax.nn.routing.MergeRule), unset: they replace the named rule's when set.
 SECTIONS: dict[str, Section] = {
   "model": Section(ModelConfig, ("moe",)),
-  "model.moe": Section(MoEConfig, build.MOE_FROM_MODEL),
-  "loss": Section(LossConfig, build.LOSS_FROM_RUN),
+  "model.moe": Section(MoEConfig, MOE_FROM_MODEL),
+  "loss": Section(LossConfig, LOSS_FROM_RUN),
   "data": Section(DataConfig),
   "train": Section(sections.TrainConfig),
   "optim": Section(sections.OptimConfig),
@@ -51,8 +52,8 @@ def section_defaults(name: str) -> dict:
 
 def _moe_defaults() -> dict:
   out = section_defaults("model.moe")
-  out.update(dict.fromkeys(build.RULE_COUNTS, 0))
-  out.update({f: config_dict.placeholder(object) for f in build.RULE_OVERRIDES})
+  out.update(dict.fromkeys(RULE_COUNTS, 0))
+  out.update({f: config_dict.placeholder(object) for f in RULE_OVERRIDES})
   return out
 
 

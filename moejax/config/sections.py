@@ -101,3 +101,13 @@ class MeshConfig:
     check_fields(self, "mesh")
     if self.data != -1 and self.data < 1:
       raise UserError(f"mesh.data={self.data} is not allowed; use -1 (fill in) or an int >= 1")
+
+
+# The run's own sections, by config name (the others are the builders' dataclasses).
+RUN_SECTIONS = {
+  "train": TrainConfig,
+  "optim": OptimConfig,
+  "eval": EvalConfig,
+  "wandb": WandbConfig,
+  "mesh": MeshConfig,
+}

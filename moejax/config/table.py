@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from moejax import build, schema
+from moejax import schema
 from moejax.config.defaults import SECTIONS, section_defaults
+from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
 from moejax.nn.routing import MergeRule
 
@@ -32,8 +33,8 @@ def section_rows(name: str) -> list[schema.Row]:
     out.append(r._replace(default=repr(value)))
   if name == "model.moe":
     unset = {
-      f: "0 (the rule's)" if f in build.RULE_COUNTS else "None (the rule's)"
-      for f in build.RULE_OVERRIDES + build.RULE_COUNTS
+      f: "0 (the rule's)" if f in RULE_COUNTS else "None (the rule's)"
+      for f in RULE_OVERRIDES + RULE_COUNTS
     }
     out += [
       r._replace(default=unset[r.key.rsplit(".", 1)[1]]) for r in schema.rows(MergeRule, name)

@@ -1,5 +1,5 @@
 """`data.*`: the corpus, its tokenizer, the split and the batches, as a typed, frozen dataclass
-(moejax.schema); the one place data defaults live. `pipeline.validate_config` builds it."""
+(moejax.schema); the one place data defaults live (moejax.config.resolve builds it)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 
 from moejax.data import tokenizer
 from moejax.data.corpora import CORPORA, FORMATS, TEXT_DOCS
-from moejax.schema import check_fields, defaults, key
+from moejax.schema import check_fields, key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,4 @@ class DataConfig:
 
   def __post_init__(self):
     check_fields(self, "data")
-    tokenizer.check_config(dataclasses.asdict(self))
-
-
-DEFAULTS = defaults(DataConfig)
+    tokenizer.check_config(self)

@@ -343,13 +343,13 @@ CORPORA: dict[str, Corpus] = {
   "synthetic": Corpus(
     lambda d, max_docs: load_synthetic(d["synthetic_docs"], d["synthetic_seed"], max_docs)
   ),
-  "files": Corpus(_files_corpus, paths=lambda data_cfg: data_cfg.get("paths", "")),
+  "files": Corpus(_files_corpus, paths=lambda data_cfg: data_cfg.paths),
 }
 
 
 def load_corpus(data_cfg: Any) -> tuple[list[str], CorpusInfo]:
   """The docs of `data.corpus` in deterministic order, capped at `data.max_docs` (0 = all)."""
-  corpus, max_docs = data_cfg["corpus"], data_cfg["max_docs"]
+  corpus, max_docs = data_cfg.corpus, data_cfg.max_docs
   if isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 0:
     raise UserError(f"data.max_docs={max_docs!r}: must be an integer >= 0 (0 = all)")
   check_choice("data.corpus", corpus, CORPORA)
@@ -359,5 +359,5 @@ def load_corpus(data_cfg: Any) -> tuple[list[str], CorpusInfo]:
 def corpus_paths(data_cfg: Any) -> str:
   """The files `data.corpus` reads, as recorded with the held-out data ("" for a built-in
   corpus, or one this version does not know)."""
-  corpus = CORPORA.get(data_cfg["corpus"])
+  corpus = CORPORA.get(data_cfg.corpus)
   return corpus.paths(data_cfg) if corpus else ""

@@ -9,12 +9,11 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import grain
-import ml_collections
 import numpy as np
 
 from moejax import distributed
 from moejax.data import stream
-from moejax.data.config import DEFAULTS, DataConfig
+from moejax.data.config import DataConfig
 from moejax.data.corpora import CorpusInfo, load_corpus
 from moejax.data.tokenizer import Tokenizer, build_tokenizer
 from moejax.distributed import Shard
@@ -23,23 +22,6 @@ from moejax.errors import UserError
 log = logging.getLogger(__name__)
 ONE_SHARD = Shard()  # a single process loads every row
 
-
-
-def complete(data_cfg: Any) -> Any:
-  """`data_cfg` over DEFAULTS (the one place data.* defaults live): a full ConfigDict."""
-  values = dict(DEFAULTS)
-  for key, value in dict(data_cfg).items():
-    if key not in DEFAULTS:
-      raise UserError(f"unknown config key data.{key}; allowed: {', '.join(DEFAULTS)}")
-    values[key] = value
-  return ml_collections.ConfigDict(values)
-
-
-def validate_config(data_cfg: Any) -> tuple[int, int, float, int]:
-  """(batch_size, seq_len, holdout_fraction, split_seed) of a full data config, or a
-  UserError naming the key (`DataConfig` checks itself), before any loading."""
-  d = DataConfig(**dict(complete(data_cfg)))
-  return d.batch_size, d.seq_len, float(d.holdout_fraction), d.split_seed
 
 
 def heldout_mask(docs: Sequence[str], holdout_fraction: float, split_seed: int = 0) -> np.ndarray:
@@ -118,7 +100,7 @@ class Split(NamedTuple):
   heldout: Stream
 
 
-def split_corpus(data_cfg: Any, workdir: str | None) -> Split:
+def split_corpus(data_cfg: DataConfig, workdir: str | None) -> Split:
   """Load the corpus of a full data config, split it by document (`heldout_mask`), build the
   tokenizer (fitted on the train docs, or a BPE read from `workdir`'s cache) and encode the
   held-out docs. The one source of held-out windows: the trainer's eval (`make_data`) and
@@ -271,7 +253,7 @@ def check_train(n_train: int, n_tokens: int, seq_len: int, batch_size: int) -> N
     )
 
 
-def prepared_data(data_cfg: Any, *, seed: int) -> Data:
+def prepared_data(data_cfg: DataConfig, *, seed: int) -> Data:
   """Data read from `data.prepared` (moejax.prepare's shards): nothing is encoded here."""
   prep = stream.open_prepared(data_cfg)
   m = prep.manifest
@@ -293,10 +275,9 @@ def prepared_data(data_cfg: Any, *, seed: int) -> Data:
   )
 
 
-def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
+def make_data(data_cfg: DataConfig, *, seed: int, workdir: str | None) -> Data:
   """Load the corpus, split it by document, fit the tokenizer on train docs, pack both streams."""
-  data_cfg = complete(data_cfg)
-  batch_size, seq_len, _, _ = validate_config(data_cfg)
+  batch_size, seq_len = data_cfg.batch_size, data_cfg.seq_len
   if data_cfg.prepared:
     return prepared_data(data_cfg, seed=seed)
   split = split_corpus(data_cfg, workdir)
@@ -319,11 +300,10 @@ def make_data(data_cfg: Any, *, seed: int, workdir: str | None) -> Data:
   )
 
 
-def heldout_windows(data_cfg: Any, workdir: str | None) -> tuple[np.ndarray, int]:
+def heldout_windows(data_cfg: DataConfig, workdir: str | None) -> tuple[np.ndarray, int]:
   """(held-out windows [N, seq_len+1] in split order, vocab size), as the trainer's
   `Data.eval_batches` reads them: from `data.prepared`'s shards, else `split_corpus` (the
   training documents are not encoded either way)."""
-  data_cfg = complete(data_cfg)
   if data_cfg.prepared:
     prep = stream.open_prepared(data_cfg)
     check_heldout(len(prep.heldout), prep.manifest["heldout"]["tokens"], data_cfg.seq_len)

@@ -30,17 +30,18 @@ import numpy as np
 from moejax import runio
 from moejax.data import outdir, pipeline, scan, shards, stream
 from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
+from moejax.data.config import DataConfig
 from moejax.errors import UserError
 
 PART_BYTES = 64_000_000  # source text per part (one train and one held-out shard each)
 STATE = outdir.STATE
 
 
-def make_tokenizer(data_cfg: Any, out: str, sample: list[str], resume: bool) -> Tokenizer:
+def make_tokenizer(data_cfg: DataConfig, out: str, sample: list[str], resume: bool) -> Tokenizer:
   """`byte`, `hf:PATH`, or a BPE: the one a previous run of this prepare saved in `out`
   (`resume`), else fitted on `sample` in memory (`save_tokenizer` writes it once the plan
   is recorded)."""
-  name, _, arg = data_cfg["tokenizer"].partition(":")
+  name, _, arg = data_cfg.tokenizer.partition(":")
   if name == "byte":
     return ByteTokenizer()
   if name == "hf":
@@ -50,10 +51,10 @@ def make_tokenizer(data_cfg: Any, out: str, sample: list[str], resume: bool) -> 
     return BPETokenizer.load(str(p))
   if not sample:  # every split keeps a train doc (pipeline.mask_from_u): none fits the budget
     raise UserError(
-      f"data.bpe_sample_bytes={data_cfg['bpe_sample_bytes']}: the tokenizer sample is empty "
+      f"data.bpe_sample_bytes={data_cfg.bpe_sample_bytes}: the tokenizer sample is empty "
       "(no train document fits in it); raise data.bpe_sample_bytes"
     )
-  return BPETokenizer.train(sample, data_cfg["bpe_vocab_size"])
+  return BPETokenizer.train(sample, data_cfg.bpe_vocab_size)
 
 
 def save_tokenizer(tok: Tokenizer, out: str) -> str | None:
@@ -116,27 +117,26 @@ class Setup(NamedTuple):
   tokenizer: Tokenizer
 
 
-def _setup(data_cfg: Any, out: str, part_bytes: int) -> Setup:
-  """Everything checked before anything is written: the config (the in-memory path's own
-  checks), `--out` (before the scan), the plan against one there, the tokenizer."""
-  pipeline.validate_config(data_cfg)
+def _setup(data_cfg: DataConfig, out: str, part_bytes: int) -> Setup:
+  """Everything checked before anything is written (the DataConfig has checked its keys):
+  `--out` (before the scan), the plan against one there, the tokenizer."""
   if isinstance(part_bytes, bool) or not isinstance(part_bytes, int) or part_bytes < 1:
     raise UserError(f"--part_mb gives {part_bytes!r} bytes per part; use a positive size")
   there = outdir.survey(out)
   plan = {"format": shards.FORMAT, "data": stream.content_config(data_cfg)}
   plan["part_bytes"] = part_bytes
   outdir.check_plan(there, plan)
-  found = scan.scan(data_cfg, want_sample=data_cfg["tokenizer"] == "bpe")
+  found = scan.scan(data_cfg, want_sample=data_cfg.tokenizer == "bpe")
   plan["corpus"] = found.corpus.to_dict()
   outdir.check_plan(there, plan)
   tok = make_tokenizer(data_cfg, out, found.sample, resume=there.plan == plan)
   return Setup(there, plan, found, tok)
 
 
-def _encode_parts(data_cfg: Any, setup: Setup, log: Callable) -> tuple[list[dict], dict]:
+def _encode_parts(data_cfg: DataConfig, setup: Setup, log: Callable) -> tuple[list[dict], dict]:
   """Each part's state (the finished ones read back, the rest encoded and written), and the
   encoding's time and token counts."""
-  out, seq_len, tok = setup.out.path, data_cfg["seq_len"], setup.tokenizer
+  out, seq_len, tok = setup.out.path, data_cfg.seq_len, setup.tokenizer
   carry = {s: [] for s in shards.SPLITS}
   records, stats = [], {"encoded": 0, "seconds": 0.0, "cpu": 0.0, "done": 0}
   resuming, docs = True, scan.iter_docs(data_cfg)
@@ -180,34 +180,33 @@ def check_windows(records: list[dict], seq_len: int) -> None:
 
 
 def prepare(
-  data_cfg: Any, out: str, *, part_bytes: int = PART_BYTES, log: Callable = print
+  data_cfg: DataConfig, out: str, *, part_bytes: int = PART_BYTES, log: Callable = print
 ) -> dict:
   """Prepares `data_cfg`'s corpus into `out` (local or gs://); returns the manifest. Bad
   input is a UserError before anything is written, but for a split of 0 windows (known
   once encoded), whose files are then removed from an `out` that held nothing before."""
   t0 = time.time()
-  data_cfg = pipeline.complete(data_cfg)
   setup = _setup(data_cfg, out, part_bytes)
   outdir.start(setup.out, setup.plan)
   tok, found = setup.tokenizer, setup.found
   tok_sha = save_tokenizer(tok, out)
   log(
     f"scanned {found.corpus.n_docs:,} docs ({found.corpus.n_bytes:,} bytes, "
-    f"{int(found.held_N.sum()):,} held out); tokenizer {data_cfg['tokenizer']} "
+    f"{int(found.held_N.sum()):,} held out); tokenizer {data_cfg.tokenizer} "
     f"(vocab {tok.vocab_size})"
     + (f" fitted on a {found.sample_bytes:,}-byte sample" if found.sample else "")
     + f" in {time.time() - t0:.1f} s"
   )
   records, stats = _encode_parts(data_cfg, setup, log)
   try:
-    check_windows(records, data_cfg["seq_len"])
+    check_windows(records, data_cfg.seq_len)
   except UserError:
     if setup.out.plan is None or not setup.out.parts:  # nothing of use was there before
       outdir.discard(setup.out)
     raise
   if stats["done"]:
     log(f"{stats['done']} part(s) already prepared in {out}: skipped")
-  manifest = _manifest(setup.plan, found, tok, tok_sha, data_cfg["seq_len"], records)
+  manifest = _manifest(setup.plan, found, tok, tok_sha, data_cfg.seq_len, records)
   manifest["prepare"] = {
     "part_bytes": part_bytes,
     "seconds": round(time.time() - t0, 3),

@@ -20,6 +20,7 @@ from moejax import runio
 from moejax.data import corpora
 from moejax.data.corpora import CorpusInfo
 from moejax.data.pipeline import doc_u, mask_from_u
+from moejax.data.config import DataConfig
 from moejax.errors import UserError
 
 
@@ -70,16 +71,16 @@ def read_docs(path: str, kind: str, opts: corpora.FileOptions) -> list[str]:
       raise UserError(str(e).replace(local, path)) from None
 
 
-def iter_docs(data_cfg: Any) -> Iterator[str]:
+def iter_docs(data_cfg: DataConfig) -> Iterator[str]:
   """The docs of `data.corpus` in `load_corpus`'s order and cap (`data.max_docs`): a
   `files` corpus is read one file at a time, a built-in one is loaded whole."""
-  if data_cfg["corpus"] != "files":
+  if data_cfg.corpus != "files":
     yield from corpora.load_corpus(data_cfg)[0]
     return
-  opts = corpora.FileOptions(data_cfg["jsonl_key"], data_cfg["text_docs"])
-  max_docs, n = data_cfg["max_docs"], 0
-  for path in source_files(data_cfg["paths"]):
-    kind = corpora.file_format(path, data_cfg["format"])
+  opts = corpora.FileOptions(data_cfg.jsonl_key, data_cfg.text_docs)
+  max_docs, n = data_cfg.max_docs, 0
+  for path in source_files(data_cfg.paths):
+    kind = corpora.file_format(path, data_cfg.format)
     got = read_docs(path, kind, opts)
     if not got:
       raise UserError(f"{path}: empty, no documents (read as {kind})")
@@ -131,12 +132,12 @@ class Scan(NamedTuple):
   sample_bytes: int
 
 
-def scan(data_cfg: Any, want_sample: bool) -> Scan:
+def scan(data_cfg: DataConfig, want_sample: bool) -> Scan:
   """One pass over the corpus (see the module docstring)."""
-  frac, seed = data_cfg["holdout_fraction"], data_cfg["split_seed"]
-  sample = Sample(data_cfg["bpe_sample_bytes"], seed)
+  frac, seed = data_cfg.holdout_fraction, data_cfg.split_seed
+  sample = Sample(data_cfg.bpe_sample_bytes, seed)
   hasher, u = corpora.CorpusHash(), []
-  builtin = corpora.load_corpus(data_cfg) if data_cfg["corpus"] != "files" else None
+  builtin = corpora.load_corpus(data_cfg) if data_cfg.corpus != "files" else None
   for i, doc in enumerate(builtin[0] if builtin else iter_docs(data_cfg)):
     u.append(doc_u(doc, seed))
     hasher.add("", doc)
@@ -145,7 +146,7 @@ def scan(data_cfg: Any, want_sample: bool) -> Scan:
   held_N = mask_from_u(np.array(u), frac)
   moved = {int(i) for i in np.flatnonzero(held_N != (np.array(u) < frac))}
   if builtin is None:
-    files = source_files(data_cfg["paths"])
+    files = source_files(data_cfg.paths)
     sources = [_source(f) for f in files]
     sha, n_docs, n_bytes = hasher.hexdigest(), hasher.n_docs, hasher.n_bytes
     info = CorpusInfo("files", n_docs, n_bytes, sha, platform.python_version(), ",".join(files))

@@ -14,6 +14,7 @@ from moejax import runio
 from moejax.data import shards
 from moejax.data.corpora import CorpusInfo
 from moejax.data.tokenizer import BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
+from moejax.data.config import DataConfig
 from moejax.errors import UserError
 
 # The data.* keys that decide a prepared corpus's contents, by when they matter; the manifest
@@ -31,15 +32,15 @@ def _plain(value: Any) -> Any:
   return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def content_config(data_cfg: Any) -> dict:
+def content_config(data_cfg: DataConfig) -> dict:
   """{key: value} of the data.* keys that decide the prepared windows (ALWAYS + the keys of
   this corpus and tokenizer kind)."""
-  kind = str(data_cfg["tokenizer"]).partition(":")[0]
-  keys = ALWAYS + BY_CORPUS.get(data_cfg["corpus"], ()) + BY_TOKENIZER.get(kind, ())
-  return {k: _plain(data_cfg[k]) for k in keys}
+  kind = str(data_cfg.tokenizer).partition(":")[0]
+  keys = ALWAYS + BY_CORPUS.get(data_cfg.corpus, ()) + BY_TOKENIZER.get(kind, ())
+  return {k: _plain(getattr(data_cfg, k)) for k in keys}
 
 
-def check_config(data_cfg: Any, manifest: dict, directory: str) -> None:
+def check_config(data_cfg: DataConfig, manifest: dict, directory: str) -> None:
   """UserError naming the first data.* key whose value differs from the prepared one."""
   prepared = manifest["data"]
   for key, now in content_config(data_cfg).items():
@@ -88,19 +89,19 @@ class Prepared(NamedTuple):
   heldout: shards.Windows
 
 
-def open_prepared(data_cfg: Any) -> Prepared:
+def open_prepared(data_cfg: DataConfig) -> Prepared:
   """`data.prepared` checked (config, tokenizer, shards) and opened for reading."""
-  directory = data_cfg["prepared"]
+  directory = data_cfg.prepared
   manifest = shards.read_manifest(directory)
   check_config(data_cfg, manifest, directory)
   tok = load_tokenizer(directory, manifest)
-  width = data_cfg["seq_len"] + 1  # the manifest's data.seq_len (check_config)
-  if manifest.get("seq_len") != data_cfg["seq_len"]:
+  width = data_cfg.seq_len + 1  # the manifest's data.seq_len (check_config)
+  if manifest.get("seq_len") != data_cfg.seq_len:
     raise UserError(
       f"{runio.path(directory, shards.MANIFEST)}: seq_len {manifest.get('seq_len')!r} but "
-      f"data.seq_len {data_cfg['seq_len']} in its data keys; rerun python -m moejax.prepare"
+      f"data.seq_len {data_cfg.seq_len} in its data keys; rerun python -m moejax.prepare"
     )
-  shards.check_shards(directory, manifest, width, data_cfg["verify_shards"])
+  shards.check_shards(directory, manifest, width, data_cfg.verify_shards)
   split = {
     s: shards.Windows(directory, shards.split_shards(manifest, s), width) for s in shards.SPLITS
   }

@@ -234,7 +234,7 @@ def build_bpe(inputs: TokenizerInputs) -> BPETokenizer:
   (hash of corpus sha, held-out split, vocab size): process 0 trains and writes it, then
   every process loads it."""
   data_cfg = inputs.data_cfg
-  vocab_size = check_vocab_size(data_cfg.get("bpe_vocab_size", 1024))
+  vocab_size = check_vocab_size(data_cfg.bpe_vocab_size)
   split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
   if inputs.workdir is None:
     return BPETokenizer.train(inputs.train_docs, vocab_size)
@@ -287,11 +287,11 @@ def check_config(data_cfg: Any) -> None:
   """The tokenizer keys of a data config, before any loading (`pipeline.validate_config`,
   so the in-memory path and moejax.prepare refuse the same values): the spec, a BPE's vocab
   size, an `hf:PATH` that exists."""
-  spec = data_cfg["tokenizer"]
+  spec = data_cfg.tokenizer
   check_spec(spec)
   name, _, arg = spec.partition(":")
   if name == "bpe":
-    check_vocab_size(data_cfg["bpe_vocab_size"])
+    check_vocab_size(data_cfg.bpe_vocab_size)
   if name == "hf":
     hf_file(arg)
 
@@ -306,7 +306,7 @@ def build_tokenizer(
   barrier: Callable[[str], None],
 ) -> Tokenizer:
   """Make `data.tokenizer` (a BPE trains on `train_docs` only: `build_bpe`)."""
-  spec = data_cfg.get("tokenizer", "byte")
+  spec = data_cfg.tokenizer
   found = lookup(spec)
   if found is None:
     raise UserError(f"data.tokenizer={spec!r}: allowed values are {', '.join(CHOICES)}")

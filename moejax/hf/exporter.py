@@ -17,7 +17,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from moejax import build
+from moejax.config import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
@@ -34,7 +34,7 @@ def load_run(workdir: str):
   return workdir_lib.from_saved(saved), saved
 
 
-def zero_biases(c, fam: fl.Family, mc) -> dict[str, np.ndarray]:
+def zero_biases(fam: fl.Family, mc) -> dict[str, np.ndarray]:
   """Biases the family's config turns on but the run never had (exact zeros)."""
   out: dict[str, np.ndarray] = {}
   hd, H, G = mc.resolved_head_dim, mc.n_heads, mc.n_kv_heads
@@ -68,10 +68,10 @@ def write_shards(out: str, named) -> dict[str, str]:
   return weight_map
 
 
-def copy_tokenizer(c, saved: dict, out: str) -> None:
+def copy_tokenizer(rc: RunConfig, saved: dict, out: str) -> None:
   """The run's tokenizer.json (+ tokenizer_config.json), when it has one: an `hf:` tokenizer,
   or the BPE a training run recorded in config.json."""
-  kind = c.data.tokenizer
+  kind = rc.data.tokenizer
   if kind.startswith("hf:"):
     src = kind[3:] if os.path.isdir(kind[3:]) else os.path.dirname(kind[3:])
     paths = [os.path.join(src, n) for n in ("tokenizer.json", "tokenizer_config.json")]
@@ -85,20 +85,21 @@ def copy_tokenizer(c, saved: dict, out: str) -> None:
 
 def export_run(workdir: str, out: str, step: int | None = None, log=print) -> dict:
   """Writes `out`; returns the HF config. A run no family expresses is a UserError."""
-  c, saved = load_run(workdir)
-  fam = hfconfig.choose_family(c)
+  rc, saved = load_run(workdir)
+  fam = hfconfig.choose_family(rc)
   resolved = saved.get("resolved", {})
-  vocab = c.model.vocab_size or resolved.get("vocab_size")
+  vocab = rc.model.vocab_size or resolved.get("vocab_size")
   if not vocab:
     raise UserError(f"{workdir}/config.json has no resolved.vocab_size; cannot size the model")
-  mc = build.model_config(c, vocab)
+  rc = rc.with_vocab(vocab)
+  mc = rc.model
   eos = resolved.get("data", {}).get("tokenizer", {}).get("eos_id")
-  hf = hfconfig.to_hf(c, fam, vocab, eos)
+  hf = hfconfig.to_hf(rc, fam, eos)
   _, state = runstate.abstract(mc)
   params = runstate.restore_params(workdir, state, step)
   os.makedirs(out, exist_ok=True)
   named = [(s.hf, s.to_hf(params)) for s in tensors.specs(mc, fam)]
-  named += list(zero_biases(c, fam, mc).items())
+  named += list(zero_biases(fam, mc).items())
   weight_map = write_shards(out, named)
   total = int(sum(a.nbytes for _, a in named))
   if len(set(weight_map.values())) > 1:
@@ -107,6 +108,6 @@ def export_run(workdir: str, out: str, step: int | None = None, log=print) -> di
       json.dump(index, f, indent=2)
   with open(os.path.join(out, "config.json"), "w") as f:
     json.dump(hf, f, indent=2)
-  copy_tokenizer(c, saved, out)
+  copy_tokenizer(rc, saved, out)
   log(f"exported {workdir} as {fam.architecture} to {out} ({total / 2**20:.1f} MiB float32)")
   return hf

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moejax import build
+from moejax.config import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.nn.model import is_moe_layer
@@ -68,10 +68,13 @@ def _refuse(field: str, value: Any, why: str) -> None:
   raise UserError(f"cannot export: {field}={value!r} {why}")
 
 
-def choose_family(c) -> fl.Family:
+def choose_family(rc: RunConfig) -> fl.Family:
   """The family that expresses this run's architecture and rule, or a UserError naming the
   field without a counterpart."""
-  m, rule = c.model, build.moe_config(c).merge_rule
+  m = rc.model
+  if m.moe is None:
+    _refuse("model.moe_every", 0, "has no counterpart in OLMoE, Qwen3-MoE, Qwen2-MoE or Mixtral")
+  rule = m.moe.merge_rule
   for field, value, ok in (
     ("model.moe_every", m.moe_every, m.moe_every > 0),
     ("model.moe.dispatch", m.moe.dispatch, m.moe.dispatch == "dropless"),
@@ -99,16 +102,15 @@ def choose_family(c) -> fl.Family:
   head_dim = m.head_dim or m.d_model // m.n_heads
   if fam.name == "olmoe" and head_dim * m.n_heads != m.d_model:
     _refuse("model.head_dim", m.head_dim, "with qk_norm_scope=proj: OLMoE needs d_model/n_heads")
-  mc = build.model_config(c, 2)
-  if not fam.sparse_step and not all(is_moe_layer(mc, i) for i in range(m.n_layers)):
+  if not fam.sparse_step and not all(is_moe_layer(m, i) for i in range(m.n_layers)):
     _refuse("model.first_dense", m.first_dense, f"(dense layers): {fam.architecture} has none")
   return fam
 
 
-def to_hf(c, fam: fl.Family, vocab_size: int, eos_id: int | None) -> dict[str, Any]:
-  """The HF config.json of the run (transformers 5 keys, plus legacy `rope_theta`)."""
-  m = c.model
-  mc = build.model_config(c, vocab_size)
+def to_hf(rc: RunConfig, fam: fl.Family, eos_id: int | None) -> dict[str, Any]:
+  """The HF config.json of a run whose vocabulary is resolved (transformers 5 keys, plus
+  legacy `rope_theta`)."""
+  m = mc = rc.model
   rule = mc.moe.merge_rule
   dense = [i for i in range(m.n_layers) if not is_moe_layer(mc, i)]
   hf: dict[str, Any] = {
@@ -130,7 +132,7 @@ def to_hf(c, fam: fl.Family, vocab_size: int, eos_id: int | None) -> dict[str, A
     "intermediate_size": m.d_ff if dense else m.moe.d_expert,
     fam.d_expert_key: m.moe.d_expert,
     "norm_topk_prob": rule.norm == "sum",
-    "max_position_embeddings": max(4096, c.data.seq_len),
+    "max_position_embeddings": max(4096, rc.data.seq_len),
     "attention_dropout": 0.0,
     "dtype": "float32",
     "torch_dtype": "float32",

@@ -61,27 +61,32 @@ def tensor_index(files: list[str]) -> dict[str, str]:
   return where
 
 
-def build_config(hf: dict, fam: fl.Family, src: str, opts: dict):
-  """The run config: the HF architecture, the user's held-out text, the model's tokenizer."""
-  c = config_lib.base_config()
+def config_values(hf: dict, fam: fl.Family, src: str, opts: dict, tokenizer: str) -> dict:
+  """The run config's values (over `base_config()`): the HF architecture, the user's
+  held-out text, the model's tokenizer."""
   model = hfconfig.to_moejax(hf, fam, os.path.join(src, "config.json"))
-  c.model.moe.update(model.pop("moe"))
-  c.model.update(model, scan_layers=opts.get("scan_layers", c.model.scan_layers))
-  c.data.update(
-    corpus="files" if opts.get("text") else "stdlib",
-    paths=opts.get("text", ""),
-    text_docs=opts.get("text_docs", "file"),
-    seq_len=opts.get("seq_len", 512),
-    holdout_fraction=opts.get("holdout_fraction", 0.02),
-    batch_size=1,
-  )
-  c.eval.update(sequences=opts.get("sequences", 256), batch_size=opts.get("batch_size", 8))
-  c.train.update(steps=1, eval_every=1, ckpt_every=1, log_every=1)
-  c.wandb.mode = opts.get("wandb_mode", "disabled")
+  if "scan_layers" in opts:
+    model["scan_layers"] = opts["scan_layers"]
+  seq_len = opts.get("seq_len", 512)
   window = hf.get("sliding_window") if fam.name == "mixtral" else None
-  if window and c.data.seq_len > window:
-    raise UserError(f"--seq_len={c.data.seq_len} exceeds sliding_window={window}; lower it")
-  return c
+  if window and seq_len > window:
+    raise UserError(f"--seq_len={seq_len} exceeds sliding_window={window}; lower it")
+  data = {
+    "corpus": "files" if opts.get("text") else "stdlib",
+    "paths": opts.get("text", ""),
+    "text_docs": opts.get("text_docs", "file"),
+    "seq_len": seq_len,
+    "holdout_fraction": opts.get("holdout_fraction", 0.02),
+    "batch_size": 1,
+    "tokenizer": tokenizer,
+  }
+  return {
+    "model": model,
+    "data": data,
+    "eval": {"sequences": opts.get("sequences", 256), "batch_size": opts.get("batch_size", 8)},
+    "train": {"steps": 1, "eval_every": 1, "ckpt_every": 1, "log_every": 1},
+    "wandb": {"mode": opts.get("wandb_mode", "disabled")},
+  }
 
 
 def copy_tokenizer(src: str, hf: dict, workdir: str) -> str:
@@ -153,13 +158,13 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   opts = opts or {}
   hf = read_json(os.path.join(src, "config.json"))
   fam = fl.detect(hf, os.path.join(src, "config.json"))
-  c = build_config(hf, fam, src, opts)
+  config_values(hf, fam, src, opts, "")  # its checks, before anything is written
   files = shard_files(src)
   os.makedirs(workdir, exist_ok=True)
-  c.data.tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
-  validate(c)
-  mc = build.model_config(c, c.model.vocab_size)
-  tok = HFTokenizer(c.data.tokenizer[3:])
+  tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
+  rc = validate(config_lib.from_values(config_values(hf, fam, src, opts, tokenizer)))
+  mc = rc.model
+  tok = HFTokenizer(tokenizer[3:])
   if tok.vocab_size > mc.vocab_size:
     raise UserError(f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {mc.vocab_size}")
   by_name = plan(mc, fam, tensor_index(files), mc.tie_embeddings)
@@ -168,7 +173,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   stream(files, by_name, arrays, progress=opts.get("progress", True))
   runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})
   n_params = build.count_params(state["params"], mc.moe).total
-  out = c.to_dict()
+  out = dict(rc.tree)
   out["resolved"] = {
     "vocab_size": mc.vocab_size,
     "n_params": n_params,
@@ -177,7 +182,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(out, f, indent=2)
   log(
-    f"imported {fam.architecture} ({n_params:,} params, rule {c.model.moe.rule}, "
+    f"imported {fam.architecture} ({n_params:,} params, rule {rc.tree['model']['moe']['rule']}, "
     f"K={mc.moe.top_k} of E={mc.moe.n_experts}) into {workdir}; grid it with "
     f"python -m moejax.evaluate --workdir {workdir}"
   )

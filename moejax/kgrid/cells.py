@@ -141,13 +141,14 @@ def calibrated(labels: list[str | int]) -> list[str]:
   return [k2 for k2 in dict.fromkeys(labels) if k2 in RESCALINGS and RESCALINGS[k2].calibrated]
 
 
-def check_eval(c) -> None:
-  """A config's eval.k1/eval.k2 parse now, not after training (`python -m moejax.train`
+def check_eval(rc) -> None:
+  """A RunConfig's eval.k1/eval.k2 parse now, not after training (`python -m moejax.train`
   checks them with the rest of the config, before anything is built)."""
-  if not (c.eval.k1 or c.eval.k2) or c.model.moe_every == 0:
+  ev, moe = rc.eval, rc.model.moe
+  if not (ev.k1 or ev.k2) or moe is None:
     return
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  K, E = moe.top_k, moe.n_experts
   try:
-    parse_k2(c.eval.k2, K, E, parse_k1(c.eval.k1, K, E))
+    parse_k2(ev.k2, K, E, parse_k1(ev.k1, K, E))
   except UserError as e:
-    raise UserError(f"eval.k1={c.eval.k1!r}, eval.k2={c.eval.k2!r}: {e}") from None
+    raise UserError(f"eval.k1={ev.k1!r}, eval.k2={ev.k2!r}: {e}") from None

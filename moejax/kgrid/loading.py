@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-import ml_collections
 import numpy as np
 from flax import nnx
 
-from moejax.build import abstract_model
+from moejax.build import abstract_transformer
+from moejax.config import RunConfig
 from moejax.data import pipeline as data_lib
 from moejax.errors import UserError
 from moejax.nn.model import moe_layers
@@ -33,7 +33,7 @@ class EvalRun(NamedTuple):
   n_moe_layers: int
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
+def load_config(workdir: str) -> RunConfig:
   """The run's saved config, with defaults for keys added since (workdir.from_saved)."""
   saved = workdir_lib.read_saved(workdir)
   if saved is None:
@@ -43,20 +43,20 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return workdir_lib.from_saved(saved)
 
 
-def heldout_windows(c: ml_collections.ConfigDict, workdir: str) -> tuple[np.ndarray, int]:
+def heldout_windows(rc: RunConfig, workdir: str) -> tuple[np.ndarray, int]:
   """(held-out windows [N, seq_len+1], vocab size): the trainer's own (`data.split_corpus`,
   or `data.prepared`'s held-out shards), so the same windows in the same order as its
   `Data.eval_batches`; the training documents are not encoded."""
-  return data_lib.heldout_windows(c.data, workdir)
+  return data_lib.heldout_windows(rc.data, workdir)
 
 
-def load_run(workdir: str, c: ml_collections.ConfigDict, step: int | None) -> EvalRun:
+def load_run(workdir: str, rc: RunConfig, step: int | None) -> EvalRun:
   """Restores only `params` and `router` of checkpoint `step` (None: the latest)."""
-  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  mngr = checkpoint.manager(workdir, rc.train.keep_checkpoints)
   if mngr.latest_step() is None:
     raise UserError(f"no checkpoint in {workdir}/checkpoints; train first")
-  windows_NxL1, vocab_size = heldout_windows(c, workdir)
-  model = abstract_model(c, vocab_size)
+  windows_NxL1, vocab_size = heldout_windows(rc, workdir)
+  model = abstract_transformer(rc.with_vocab(vocab_size).model)
   n_moe = len(moe_layers(model.cfg))
   graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
   try:

@@ -15,8 +15,10 @@ import os
 
 import numpy as np
 
-from moejax import build, distributed, runio
+from moejax import distributed, runio
+from moejax.config import RunConfig
 from moejax.data import corpora
+from moejax.data.config import DataConfig
 from moejax.errors import UserError
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import gain as gain_lib
@@ -24,7 +26,6 @@ from moejax.kgrid import report
 from moejax.kgrid import rows as rows_lib
 from moejax.kgrid.forward import CellForward, CellResult
 from moejax.kgrid.loading import load_config, load_run
-from moejax.nn import routing
 from moejax.training.tracking import wandb_dir, wandb_mode
 
 
@@ -78,23 +79,23 @@ def run_grid(
   log=print,
 ) -> list[dict]:
   """Runs every cell and writes the grid files; returns the rows."""
-  c = load_config(workdir)
+  rc = load_config(workdir)
   _check_args(
     sequences=sequences, batch_size=batch_size, resamples=resamples, gain_sequences=gain_sequences
   )
-  if c.model.moe_every == 0:
+  if rc.moe is None:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
-  rule = build.moe_config(c).merge_rule
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
-  k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)  # arguments win over the run's eval.k1/k2
-  labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
+  ev, rule = rc.eval, rc.rule
+  K, E = rc.moe.top_k, rc.moe.n_experts
+  k1s = cells_lib.parse_k1(k1 or ev.k1, K, E)  # arguments win over the run's eval.k1/k2
+  labels = cells_lib.parse_k2(k2 or ev.k2, K, E, k1s)
   cells, notes = cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
-  run = load_run(workdir, c, step)
+  run = load_run(workdir, rc, step)
   fitted = cells_lib.calibrated(labels)
-  n_calib = (gain_sequences or c.eval.gain_sequences) if fitted else 0
-  n_eval = sequences or c.eval.sequences
+  n_calib = (gain_sequences or ev.gain_sequences) if fitted else 0
+  n_eval = sequences or ev.sequences
   evaluated, calib = _split(run.heldout_NxL1, n_eval, n_calib, log, ",".join(fitted))
-  bs = batch_size or c.eval.batch_size
+  bs = batch_size or ev.batch_size
   batches = _batches(evaluated, bs)
   log(
     f"k-grid of {workdir} step {run.step}: {len(cells)} cells on {len(evaluated)} held-out "
@@ -103,12 +104,12 @@ def run_grid(
   fwd = CellForward(run.graphdef, run.params, run.router, run.n_moe_layers)
   results, scales = _run_cells(fwd, cells, batches, _batches(calib, bs), K, run.n_moe_layers)
   ref = results[(K, cells_lib.NATIVE)]
-  resamples = resamples or c.eval.bootstrap_resamples
-  heldout = heldout_info(c, len(evaluated), len(run.heldout_NxL1))
+  resamples = resamples or ev.bootstrap_resamples
+  heldout = heldout_info(rc.data, len(evaluated), len(run.heldout_NxL1))
   rows = [
     dict(
       rows_lib.row(
-        cell, results[cell], ref, resamples=resamples, seed=c.train.seed, scale_M=scales.get(cell)
+        cell, results[cell], ref, resamples=resamples, seed=rc.train.seed, scale_M=scales.get(cell)
       ),
       step=run.step,
       heldout=heldout,
@@ -116,13 +117,12 @@ def run_grid(
     for cell in cells
   ]
   if distributed.is_main():  # every process evaluates; process 0 writes
-    _write(rows, c, rule, notes, _output_dir(workdir, step), workdir)
+    _write(rows, rc, notes, _output_dir(workdir, step), workdir)
   return rows
 
 
-def heldout_info(c, n_sequences: int, n_windows: int) -> dict:
+def heldout_info(d: DataConfig, n_sequences: int, n_windows: int) -> dict:
   """The evaluated held-out data, recorded in every row and in k_grid.md's header."""
-  d = c.data
   return {
     "corpus": d.corpus,
     "paths": corpora.corpus_paths(d),
@@ -157,18 +157,18 @@ def _run_cells(
   return results, scales
 
 
-def _write(rows: list[dict], c, rule: routing.MergeRule, notes, out_dir: str, workdir: str) -> None:
+def _write(rows: list[dict], rc: RunConfig, notes, out_dir: str, workdir: str) -> None:
   """k_grid.{jsonl,md,png} into `out_dir` (staged locally and uploaded for gs://)."""
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
-  title = f"{c.model.moe.rule} K={K} E={E} step {rows[0]['step']}: Δ loss vs native k1=K"
-  kw = {"title": title, "n_experts": E, "score": rule.score}
+  K, E, name = rc.moe.top_k, rc.moe.n_experts, rc.tree["model"]["moe"]["rule"]
+  title = f"{name} K={K} E={E} step {rows[0]['step']}: Δ loss vs native k1=K"
+  kw = {"title": title, "n_experts": E, "score": rc.rule.score}
   with runio.local_dir(out_dir) as out:
     runio.write_text(os.path.join(out, "k_grid.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
     report.write_markdown(
       rows, os.path.join(out, "k_grid.md"), notes=notes, heldout=rows[0].get("heldout"), **kw
     )
     report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
-    _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
+    _log_wandb(workdir, rc, rows, os.path.join(out, "k_grid.png"))
 
 
 WANDB_COLUMNS = (
@@ -177,17 +177,18 @@ WANDB_COLUMNS = (
 )  # fmt: skip
 
 
-def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
+def _log_wandb(workdir: str, rc: RunConfig, rows: list[dict], png: str) -> None:
   """Adds the grid to the training run's wandb (same run id) when wandb is on."""
   id_path = runio.path(workdir, "wandb_run_id")
-  mode = wandb_mode(c.wandb.mode)
+  w = rc.wandb
+  mode = wandb_mode(w.mode)
   if mode == "disabled" or not id_path.exists():
     return
   import wandb  # pylint: disable=import-outside-toplevel  (allow-listed: tests/test_imports.py)
 
   run = wandb.init(
-    project=c.wandb.project,
-    entity=c.wandb.entity or None,
+    project=w.project,
+    entity=w.entity or None,
     dir=wandb_dir(workdir),
     id=runio.read_text(id_path).strip(),
     resume="allow",
@@ -199,6 +200,6 @@ def _log_wandb(workdir: str, c, rows: list[dict], png: str) -> None:
     data.append([flat[name] for name in WANDB_COLUMNS])
   table = wandb.Table(columns=list(WANDB_COLUMNS), data=data)
   run.log({"eval/k_grid": table, "eval/k_grid_heatmap": wandb.Image(png)})
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  K, E = rc.moe.top_k, rc.moe.n_experts
   run.summary.update(cells_lib.quarter_summary(rows, K, E))
   run.finish()

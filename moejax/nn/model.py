@@ -83,8 +83,6 @@ class ModelConfig:
 
   def __post_init__(self):
     check_fields(self, "model")
-    if self.vocab_size < 1:
-      raise UserError(f"model.vocab_size={self.vocab_size} is not allowed; use an int >= 1")
     if self.head_dim == 0 and self.d_model % self.n_heads:
       raise UserError(
         f"model.n_heads={self.n_heads} must divide model.d_model="
@@ -182,6 +180,8 @@ class Transformer(nnx.Module):
   (MaxText's default `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if cfg.vocab_size < 1:  # 0: the tokenizer's, which RunConfig.with_vocab resolves first
+      raise ValueError(f"ModelConfig.vocab_size={cfg.vocab_size} is unresolved; use >= 1")
     self.cfg = cfg
     self.embed = nnx.Embed(
       cfg.vocab_size,

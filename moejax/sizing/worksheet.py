@@ -10,11 +10,13 @@ import textwrap
 from typing import NamedTuple
 
 import jax
-import ml_collections
 
 from moejax import build, sharding
+from moejax.config import RunConfig
+from moejax.config.sections import MeshConfig
 from moejax.kernels import dispatch, plans
 from moejax.nn import routing
+from moejax.nn.losses import LossConfig
 from moejax.nn.model import ModelConfig, moe_layers
 
 ARCHITECTURE = "decoder-only Transformer: pre-norm RMSNorm, RoPE, SwiGLU, no biases"
@@ -200,10 +202,10 @@ def describe_kernel(moe) -> str:
   return f"impl auto: {per}"
 
 
-def describe_dispatch(c: ml_collections.ConfigDict, moe) -> str:
+def describe_dispatch(rc: RunConfig, moe) -> str:
   if moe.dispatch == "dropless":
     return f"dropless: every assignment computed, none dropped; {describe_kernel(moe)}"
-  G = moe.group_size or c.data.batch_size * c.data.seq_len // c.train.grad_accum
+  G = moe.group_size or rc.data.batch_size * rc.data.seq_len // rc.train.grad_accum
   cap = plans.capacity(moe.capacity_factor, moe.top_k, G, moe.n_experts, moe.min_capacity)
   where = f"{moe.group_size} tokens" if moe.group_size else f"the local batch ({G} on 1 device)"
   return (
@@ -214,8 +216,7 @@ def describe_dispatch(c: ml_collections.ConfigDict, moe) -> str:
   )
 
 
-def describe_losses(c: ml_collections.ConfigDict) -> str:
-  lo = c.loss
+def describe_losses(lo: LossConfig) -> str:
   convention = lo.balance_convention
   balance = "off"
   if lo.balance_weight > 0:
@@ -229,17 +230,17 @@ def describe_losses(c: ml_collections.ConfigDict) -> str:
   return f"balance: {balance}; z-loss: {z}; bias update: {bias}"
 
 
-def describe_mesh(m: ml_collections.ConfigDict) -> str:
-  sizes = ", ".join(f"{a}={m[a]}" for a in sharding.AXES)
+def describe_mesh(m: MeshConfig) -> str:
+  sizes = ", ".join(f"{a}={getattr(m, a)}" for a in sharding.AXES)
   return (
     f"{sizes} (data=-1: the devices left); batch over data x fsdp, routed expert "
     f"weights' E axis over expert, other matrices' first axis over fsdp"
   )
 
 
-def worksheet(c: ml_collections.ConfigDict, vocab_size: int) -> Worksheet:
-  """The worksheet of config `c`, with `vocab_size` used when `model.vocab_size` is 0."""
-  mc = build.model_config(c, vocab_size)
+def worksheet(rc: RunConfig) -> Worksheet:
+  """The worksheet of a RunConfig whose vocabulary is resolved (`with_vocab`)."""
+  mc = rc.model
   groups = count_groups(mc)
   moe_layers, placement = describe_placement(mc)
   moe = mc.moe
@@ -258,10 +259,10 @@ def worksheet(c: ml_collections.ConfigDict, vocab_size: int) -> Worksheet:
     shared=describe_shared(moe, rule) if moe else "none",
     router=describe_router(rule, moe.top_k) if moe else "none",
     rule=dataclasses.asdict(rule) if moe else {},
-    dispatch=describe_dispatch(c, moe) if moe else "none",
-    losses=describe_losses(c),
-    mesh=describe_mesh(c.mesh),
-    not_modelled=c.model.not_modelled or "nothing noted",
+    dispatch=describe_dispatch(rc, moe) if moe else "none",
+    losses=describe_losses(rc.loss),
+    mesh=describe_mesh(rc.mesh),
+    not_modelled=mc.not_modelled or "nothing noted",
   )
 
 
@@ -302,10 +303,10 @@ def format_worksheet(ws: Worksheet, title: str = "") -> str:
   return "\n".join(lines + [_row(k, v) for k, v in rows])
 
 
-def nominal_vocab(c: ml_collections.ConfigDict) -> tuple[int, str]:
+def nominal_vocab(rc: RunConfig) -> tuple[int, str]:
   """The vocabulary without building the data: model.vocab_size, else the tokenizer's."""
-  if c.model.vocab_size:
-    return c.model.vocab_size, ""
-  if c.data.tokenizer == "byte":
+  if rc.model.vocab_size:
+    return rc.model.vocab_size, ""
+  if rc.data.tokenizer == "byte":
     return 257, ""
-  return c.data.bpe_vocab_size, "vocab: data.bpe_vocab_size, an upper bound for a trained BPE"
+  return rc.data.bpe_vocab_size, "vocab: data.bpe_vocab_size, an upper bound for a trained BPE"

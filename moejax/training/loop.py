@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 
+from moejax.config.sections import TrainConfig
 from moejax.sizing import flops
 from moejax.training import checkpoint, nonfinite
 
@@ -39,26 +40,11 @@ class Cadence:
     return step % self.every == 0 or step == self.last
 
 
-class LoopConfig(NamedTuple):
-  """The loop's cadences and non-finite policy: config `train.*`, read once."""
-
-  log_every: int
-  eval_every: int
-  ckpt_every: int
-  on_nonfinite: str  # stop | skip (moejax.training.nonfinite.POLICIES)
-  max_skips: int  # with skip: stop after more than this many skipped steps in a row
-
-  @classmethod
-  def from_config(cls, c) -> LoopConfig:
-    t = c.train
-    return cls(t.log_every, t.eval_every, t.ckpt_every, t.on_nonfinite, t.max_skips)
-
-
 @dataclasses.dataclass
 class LoopSetup:
   """What the loop runs: built once by the trainer."""
 
-  config: LoopConfig
+  config: TrainConfig  # the cadences and the non-finite policy
   step_fn: Callable  # jitted guarded train step (state, tokens, rng) -> (state, metrics)
   evaluate: Callable[[Any], float]  # state -> held-out loss (train.eval_sequences)
   next_tokens: Callable[[], jax.Array]  # the next sharded batch

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import jax
-import ml_collections
 import optax
 
 from moejax import sharding
+from moejax.config.sections import OptimConfig
 
 
-def schedule(c: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to `optim.lr`, cosine decay to `lr · min_lr_ratio` at `train.steps`."""
-  o = c.optim
-  warmup = min(o.warmup_steps, max(c.train.steps - 1, 0))
+def schedule(o: OptimConfig, steps: int) -> optax.Schedule:
+  """Linear warmup to `optim.lr`, cosine decay to `lr · min_lr_ratio` at `steps`
+  (`train.steps`)."""
+  warmup = min(o.warmup_steps, max(steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=o.lr,
     warmup_steps=warmup,
-    decay_steps=max(c.train.steps, warmup + 1),
+    decay_steps=max(steps, warmup + 1),
     end_value=o.lr * o.min_lr_ratio,
   )
 
@@ -28,10 +28,9 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(lambda path, p: sharding.layer_ndim(path, p) >= 2, params)
 
 
-def optimizer(c: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optax transformation and its learning-rate schedule."""
-  o = c.optim
-  lr = schedule(c)
+def optimizer(o: OptimConfig, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optax transformation and its learning-rate schedule over `steps` (`train.steps`)."""
+  lr = schedule(o, steps)
   tx = optax.chain(
     optax.clip_by_global_norm(o.clip_norm) if o.clip_norm > 0 else optax.identity(),
     optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask),

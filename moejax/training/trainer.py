@@ -8,13 +8,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 
 from moejax import build as build_lib
 from moejax import compile_options, distributed, sharding
 from moejax import config as config_lib
+from moejax.config import RunConfig
 from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
 from moejax.nn import model as model_lib
@@ -27,9 +27,10 @@ from moejax.training.loop import Diverged, SaveFailed  # noqa: F401  (public: th
 
 @dataclasses.dataclass
 class Run:
-  """Everything a run is built from; shared by the trainer and the evaluator."""
+  """Everything a run is built from; shared by the trainer and the evaluator. `config` has
+  the tokenizer's vocabulary and the mesh's shard count resolved."""
 
-  config: ml_collections.ConfigDict
+  config: RunConfig
   data: Data
   graphdef: nnx.GraphDef
   state: dict
@@ -40,31 +41,28 @@ class Run:
   schedule: optax.Schedule
 
 
-def check_config(c: ml_collections.ConfigDict, mesh=None) -> jax.sharding.Mesh:
+def check_config(rc: RunConfig, mesh=None) -> jax.sharding.Mesh:
   """The whole config checked before any data loading or compilation; returns the mesh
   (`mesh`: a target's own, e.g. moejax.aot's; default: over this host's devices)."""
-  mesh = sharding.make_mesh(c.mesh) if mesh is None else mesh
-  if c.data.batch_size % (sharding.data_shards(mesh) * c.train.grad_accum):
+  mesh = sharding.make_mesh(rc.mesh) if mesh is None else mesh
+  d, t = rc.data, rc.train
+  if d.batch_size % (sharding.data_shards(mesh) * t.grad_accum):
     raise UserError(
-      f"data.batch_size={c.data.batch_size} must divide by mesh data×fsdp "
-      f"({sharding.data_shards(mesh)}) × train.grad_accum ({c.train.grad_accum})"
+      f"data.batch_size={d.batch_size} must divide by mesh data×fsdp "
+      f"({sharding.data_shards(mesh)}) × train.grad_accum ({t.grad_accum})"
     )
   return mesh
 
 
-def build(c: ml_collections.ConfigDict, workdir: str | None, mesh=None) -> Run:
+def build(rc: RunConfig, workdir: str | None, mesh=None) -> Run:
   """Data, model, optimizer state and mesh from a config (no checkpoint yet); `mesh`:
   check_config's, when the caller has checked the config already."""
-  mesh = check_config(c) if mesh is None else mesh
-  data = make_data(c.data, seed=c.train.seed, workdir=workdir)
-  if 0 < c.model.vocab_size < data.tokenizer.vocab_size:
-    raise UserError(
-      f"model.vocab_size={c.model.vocab_size} is below the tokenizer's "
-      f"{data.tokenizer.vocab_size}; use 0 (the tokenizer's) or >= {data.tokenizer.vocab_size}"
-    )
-  mc = build_lib.model_config(c, data.tokenizer.vocab_size)
-  graphdef, params, router = step_lib.split_model(build_lib.transformer(mc, c.train.seed))
-  tx, schedule = optim.optimizer(c)
+  mesh = check_config(rc) if mesh is None else mesh
+  data = make_data(rc.data, seed=rc.train.seed, workdir=workdir)
+  rc = rc.with_vocab(data.tokenizer.vocab_size).with_shards(sharding.data_shards(mesh))
+  mc = rc.model
+  graphdef, params, router = step_lib.split_model(build_lib.transformer(mc, rc.train.seed))
+  tx, schedule = optim.optimizer(rc.optim, rc.train.steps)
   state = {
     "step": jnp.zeros((), jnp.int32),
     "params": params,
@@ -73,42 +71,41 @@ def build(c: ml_collections.ConfigDict, workdir: str | None, mesh=None) -> Run:
   }
   state = jax.device_put(state, sharding.state_sharding(state, mesh))
   n_params, n_active = build_lib.count_params(params, mc.moe)
-  return Run(c, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
+  return Run(rc, data, graphdef, state, mesh, n_params, n_active, tx, schedule)
 
 
 def resolved_config(run: Run) -> dict:
   """config.json: the full config plus what the run resolved (vocab, corpus, versions)."""
-  out = run.config.to_dict()
+  rc = run.config
+  out = dict(rc.tree)
   out["resolved"] = {
     "vocab_size": run.data.tokenizer.vocab_size,
     "data": run.data.describe(),
     "n_params": run.n_params,
     "n_active_params": run.n_active,
-    "rule": build_lib.resolved_rule(run.config),
+    "rule": rc.resolved_rule(),
     "python": sys.version.split()[0],
     "jax": jax.__version__,
     "git_commit": tracking.git_commit(),
     "devices": jax.device_count(),
     "backend": jax.default_backend(),
-    "worksheet": worksheet.worksheet(run.config, run.data.tokenizer.vocab_size).to_dict(),
+    "worksheet": worksheet.worksheet(rc).to_dict(),
   }
   return out
 
 
 def moe_layers(run: Run) -> list[int]:
   """Indices of the MoE layers (their router logits are checked every step)."""
-  mc = build_lib.model_config(run.config, run.data.tokenizer.vocab_size)
-  return model_lib.moe_layers(mc)
+  return model_lib.moe_layers(run.config.model)
 
 
 def compile_steps(run: Run, layers: list[int] | None = None):
   """(jitted guarded train step, jitted eval step); `layers`: `moe_layers(run)`, if known."""
-  c = run.config
-  lc = build_lib.loss_config(c, n_shards=sharding.data_shards(run.mesh))
+  rc = run.config
   step_fn = nonfinite.guard(
-    step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule),
+    step_lib.make_train_step(run.graphdef, run.tx, rc.loss, run.schedule),
     moe_layers(run) if layers is None else layers,
-    c.train.on_nonfinite,
+    rc.train.on_nonfinite,
   )
   train_step = compile_options.jit(
     sharding.tracing_mesh(step_fn, run.mesh),
@@ -128,42 +125,38 @@ def heldout_loss(run: Run, eval_step, state, n_sequences: int) -> float:
 
 def resume(run: Run, workdir: str, it, log):
   """(manager, start step, state): the newest readable checkpoint, or step 0."""
-  c = run.config
+  t = run.config.train
   for path in checkpoint.remove_unfinished_saves(workdir):
     log(f"removed {path}: a checkpoint save that did not finish (the run was killed mid-save)")
-  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  mngr = checkpoint.manager(workdir, t.keep_checkpoints)
   mngr, restored = checkpoint.restore_latest_good(workdir, mngr, run.state, log)
   if restored is None:
     return mngr, 0, run.state
   start, state, data_state = restored
-  workdir_lib.check_steps(workdir, c, start)
+  workdir_lib.check_steps(workdir, t.steps, start)
   it.set_state(data_state)
   log(f"resumed from {mngr.directory}/{start}")
   return mngr, start, state
 
 
-def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
+def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
   t0 = time.time()
-  mesh = check_config(c)
+  mesh = check_config(rc)
   workdir_lib.prepare(workdir)
-  workdir_lib.check_resume_config(workdir, c)
-  run = build(c, workdir, mesh)
+  workdir_lib.check_resume_config(workdir, rc)
+  run = build(rc, workdir, mesh)
+  rc, t, d = run.config, rc.train, rc.data
   batch_sharding = sharding.batch_sharding(run.mesh)
-  it = run.data.train_iterator(distributed.process_shard(batch_sharding, c.data.batch_size))
+  it = run.data.train_iterator(distributed.process_shard(batch_sharding, d.batch_size))
   mngr, start, state = resume(run, workdir, it, log)
-  end = max(c.train.stop_at or c.train.steps, start)  # stop_at below a checkpoint: done
+  end = max(t.stop_at or t.steps, start)  # stop_at below a checkpoint: done
   resolved = resolved_config(run)
   workdir_lib.reset_metrics(workdir, start)
   workdir_lib.write_config_json(workdir, resolved)
+  w = rc.wandb
   tracker = tracking.Tracker(
-    workdir,
-    resolved,
-    mode=c.wandb.mode,
-    project=c.wandb.project,
-    entity=c.wandb.entity,
-    name=c.wandb.name,
-    tags=c.wandb.tags,
+    workdir, resolved, mode=w.mode, project=w.project, entity=w.entity, name=w.name, tags=w.tags
   )
   prepared = f" (prepared: {run.data.prepared})" if run.data.prepared else ""
   log(
@@ -173,29 +166,25 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   )
   if tracker.note:
     log(tracker.note)
-  for line in config_lib.warnings(c):
+  for line in config_lib.warnings(rc):
     log(line)
   layers = moe_layers(run)
   train_step, eval_step = compile_steps(run, layers)
-  bar = _progress(start, end, c.train.progress)
+  bar = _progress(start, end, t.progress)
   setup = loop.LoopSetup(
-    config=loop.LoopConfig.from_config(c),
+    config=t,
     step_fn=train_step,
-    evaluate=lambda st: heldout_loss(run, eval_step, st, c.train.eval_sequences),
-    next_tokens=lambda: distributed.global_batch(
-      next(it)["tokens"], batch_sharding, c.data.batch_size
-    ),
+    evaluate=lambda st: heldout_loss(run, eval_step, st, t.eval_sequences),
+    next_tokens=lambda: distributed.global_batch(next(it)["tokens"], batch_sharding, d.batch_size),
     data_state=it.get_state,
     mngr=mngr,
     write_row=tracker.log,
-    rng=jax.random.key(c.train.seed),
+    rng=jax.random.key(t.seed),
     moe_layers=layers,
-    tokens_per_step=c.data.batch_size * c.data.seq_len,
+    tokens_per_step=d.batch_size * d.seq_len,
     log=log,
     progress=bar,
-    perf=flops.Perf.for_run(
-      build_lib.model_config(c, run.data.tokenizer.vocab_size), c.data.seq_len
-    ),
+    perf=flops.Perf.for_run(rc.model, d.seq_len),
   )
   try:
     with stopping.StopRequest().installed() as stop:
@@ -209,11 +198,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
 
 def _summarize(run: Run, workdir: str, eval_step, result: loop.LoopResult, start, t0, log):
   """The end-of-training held-out loss, on the grid's sequences (eval.sequences)."""
-  c = run.config
+  rc = run.config
   eval_loss = None
   if result.stopped_by is None and result.step > start:
-    eval_loss = heldout_loss(run, eval_step, result.state, c.eval.sequences)
-    n = min(c.eval.sequences, run.data.heldout_windows.shape[0])
+    eval_loss = heldout_loss(run, eval_step, result.state, rc.eval.sequences)
+    n = min(rc.eval.sequences, run.data.heldout_windows.shape[0])
     log(
       f"held-out loss {eval_loss:.3f} nats/token on {n} held-out sequences (eval.sequences: "
       f"the grid's native k1=K cell uses the same ones) vs unigram baseline "
@@ -226,7 +215,7 @@ def _summarize(run: Run, workdir: str, eval_step, result: loop.LoopResult, start
   log(f"outputs: {workdir}/config.json, {workdir}/metrics.jsonl, {workdir}/checkpoints/")
   return {
     "workdir": workdir,
-    "steps": c.train.steps,
+    "steps": rc.train.steps,
     "step": result.step,
     "eval_loss": eval_loss,
     "stopped_by": result.stopped_by,

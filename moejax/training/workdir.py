@@ -12,10 +12,10 @@ import json
 import os
 import tempfile
 
-import ml_collections
-
-from moejax import build, distributed, runio
+from moejax import distributed, runio
 from moejax import config as config_lib
+from moejax.config import RunConfig
+from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
 
 # Config sections that must match the workdir's config.json to resume.
@@ -65,25 +65,23 @@ def read_saved(workdir: str) -> dict | None:
     raise UserError(f"{path} is unreadable ({e}); fix or remove it") from None
 
 
-def from_saved(saved: dict) -> ml_collections.ConfigDict:
-  """A config saved by an earlier run (config.json), with defaults for keys added since."""
-  c = config_lib.base_config()
-
-  def merge(node: ml_collections.ConfigDict, values: dict) -> None:
-    for key, value in values.items():
-      if key in node and isinstance(node[key], ml_collections.ConfigDict):
-        merge(node[key], value)
-      elif key in node:
-        node[key] = value
-
-  merge(c, saved)
-  c.model.scan_layers = saved_layout(saved)
+def saved_values(saved: dict) -> dict:
+  """The config values of a saved run (config.json), as the run trained with them: its
+  layout, and the rule it resolved, whatever RULES says today."""
+  values = {k: v for k, v in saved.items() if k != "resolved"}
+  model = dict(values.get("model", {}), scan_layers=saved_layout(saved))
   rule = saved.get("resolved", {}).get("rule")
-  if rule:  # the rule the run trained with, whatever RULES says today
-    for field in build.RULE_OVERRIDES + build.RULE_COUNTS:
-      if field in rule:
-        c.model.moe[field] = rule[field]
-  return c
+  if rule:
+    moe = dict(model.get("moe", {}))
+    moe.update({f: rule[f] for f in RULE_OVERRIDES + RULE_COUNTS if f in rule})
+    model["moe"] = moe
+  values["model"] = model
+  return values
+
+
+def from_saved(saved: dict) -> RunConfig:
+  """The RunConfig of an earlier run (config.json), with defaults for keys added since."""
+  return config_lib.resolve(config_lib.from_values(saved_values(saved)))
 
 
 def saved_layout(saved: dict) -> bool:
@@ -92,9 +90,9 @@ def saved_layout(saved: dict) -> bool:
   return bool(saved.get("model", {}).get("scan_layers", False))
 
 
-def check_layout(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
+def check_layout(saved: dict, rc: RunConfig, path: str) -> None:
   """Checkpoints hold one parameter layout: a resume in the other is refused, naming it."""
-  old, new = saved_layout(saved), c.model.scan_layers
+  old, new = saved_layout(saved), rc.model.scan_layers
   if old != new:
     layout = {True: "scanned (stacked layers)", False: "unrolled (one entry per layer)"}
     raise UserError(
@@ -103,12 +101,12 @@ def check_layout(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
     )
 
 
-def check_resolved_rule(saved: dict, c: ml_collections.ConfigDict, path: str) -> None:
+def check_resolved_rule(saved: dict, rc: RunConfig, path: str) -> None:
   """A resumed run must route as the saved one did: refuses a changed resolved field."""
   old = saved.get("resolved", {}).get("rule")
   if not old:
     return
-  new = build.resolved_rule(c)
+  new = rc.resolved_rule()
   for field, value in new.items():
     if field in old and old[field] != value:
       raise UserError(
@@ -117,17 +115,17 @@ def check_resolved_rule(saved: dict, c: ml_collections.ConfigDict, path: str) ->
       )
 
 
-def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
+def check_resume_config(workdir: str, rc: RunConfig) -> None:
   """Resuming with a different model or data config would silently change the run."""
   saved = read_saved(workdir)
   if saved is None:
     return
   path = os.path.join(workdir, "config.json")
   refuse_imported(saved, path)  # an imported checkpoint holds no optimizer state
-  check_resolved_rule(saved, c, path)
-  check_layout(saved, c, path)
+  check_resolved_rule(saved, rc, path)
+  check_layout(saved, rc, path)
   for section in FROZEN_SECTIONS:
-    found = _diff(saved.get(section, {}), c[section].to_dict(), f"{section}.")
+    found = _diff(saved.get(section, {}), rc.tree[section], f"{section}.")
     if found:
       key, old, new = found
       raise UserError(
@@ -136,11 +134,11 @@ def check_resume_config(workdir: str, c: ml_collections.ConfigDict) -> None:
       )
 
 
-def check_steps(workdir: str, c: ml_collections.ConfigDict, restored: int) -> None:
+def check_steps(workdir: str, steps: int, restored: int) -> None:
   """train.steps below a checkpoint's step would train nothing and rewrite config.json."""
-  if restored > c.train.steps:
+  if restored > steps:
     raise UserError(
-      f"train.steps={c.train.steps} is below the checkpoint step {restored} in "
+      f"train.steps={steps} is below the checkpoint step {restored} in "
       f"{workdir}/checkpoints; use train.steps >= {restored} or a new --workdir"
     )
 
