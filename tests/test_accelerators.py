@@ -38,6 +38,7 @@ import quick_gpu
 from moejax import aot, cli, compile_options
 from moejax.aot import custom_calls, programs
 from moejax.kernels import dispatch
+from runconfig import as_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGY = "v5e:2x4"  # 8 chips: mesh (data, fsdp, expert) = (2, 2, 2) shards every axis
@@ -211,7 +212,7 @@ def _compile(target: aot.Target, case, n_layers: int = 0) -> aot.Footprint:
   c = tiny(preset, mode, impl)
   c.model.n_layers = n_layers or c.model.n_layers
   try:
-    fp = aot.footprint(c, target, preset)
+    fp = aot.footprint(as_run(c), target, preset)
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
     pytest.fail(f"{preset} {mode} impl={impl} on {target.name}: {e}")
   foreign = custom_calls.foreign(fp.kernels, target.platform)
@@ -230,14 +231,14 @@ def test_quickstart_compiles_for_tpu(tpu):
 @pytest.mark.full  # needs the cuda extra (the full tier installs it)
 def test_quickstart_exports_and_compiles_for_h100(gpu):
   c = tiny(*QUICKSTART)
-  exported = aot.export_gpu(c, gpu.n_devices)  # the lowering, as on a host without the plugin
+  exported = aot.export_gpu(as_run(c), gpu.n_devices)  # the lowering, as on a host without the plugin
   assert exported.platforms == ("cuda",) and exported.nr_devices == gpu.n_devices
   fp = _compile(gpu, QUICKSTART)
   assert fp.fits and fp.params > 0 and fp.temporaries > 0, fp
 
 
 def test_quickstart_exports_for_cuda_without_a_gpu_compiler():
-  exported = aot.export_gpu(tiny(*QUICKSTART), 8)
+  exported = aot.export_gpu(as_run(tiny(*QUICKSTART)), 8)
   assert exported.platforms == ("cuda",) and exported.nr_devices == 8
 
 
@@ -257,7 +258,7 @@ def test_grid_forward_compiles_for_tpu(tpu, preset):
 def _grid(target, preset):
   mode = load(preset).model.moe.dispatch
   try:
-    compiled = aot.grid_forward(tiny(preset, mode, "auto"), target)
+    compiled = aot.grid_forward(as_run(tiny(preset, mode, "auto")), target)
   except Exception as e:  # noqa: BLE001  (any error fails, naming the case)
     pytest.fail(f"{preset} grid forward ({mode}, impl auto) on {target.name}: {e}")
   assert compiled.memory_analysis().argument_size_in_bytes > 0
@@ -299,7 +300,7 @@ def test_gpu_target_leaves_the_layer_scans_stacked_outputs_unfilled(gpu):
   `AllocateBuffer` custom call) rather than zero fills. Without the option there is none."""
   c = tiny("configs/study_calibration.py:gpu", "dropless", "auto")
   c.model.n_layers = 2
-  lowered = programs.lower_train_step(programs.abstract_run(c, gpu), gpu)
+  lowered = programs.lower_train_step(programs.abstract_run(as_run(c), gpu), gpu)
   alloc = 'custom_call_target="AllocateBuffer"'
   assert set(compile_options.options("cuda").items()) <= set(gpu.compiler_options)
   assert gpu.compile(lowered).as_text().count(alloc) >= 4  # residuals and gradients
@@ -315,7 +316,7 @@ def test_lowered_gpu_step_holds_the_h100_hosts_kernels(gpu):
   c = tiny("configs/study_calibration.py:gpu", "dropless", "auto")
   c.model.n_layers = 2
   assert jax.default_device.value is None and jax.default_backend() == "cpu"
-  lowered = programs.lower_train_step(programs.abstract_run(c, gpu), gpu)
+  lowered = programs.lower_train_step(programs.abstract_run(as_run(c), gpu), gpu)
   kernels = dict(custom_calls.count(lowered.compiler_ir("hlo").as_hlo_text()))
   assert kernels.get("mosaic_gpu", 0) >= 7 and "triton" not in kernels, kernels
 
@@ -337,7 +338,7 @@ def _expansion_case(impl: str):
 def test_gpu_dropless_default_is_not_dense(gpu):
   temps = {}
   for impl in ("fused", "auto", "ragged"):
-    temps[impl] = aot.footprint(_expansion_case(impl), gpu, impl).temporaries
+    temps[impl] = aot.footprint(as_run(_expansion_case(impl)), gpu, impl).temporaries
   assert temps["auto"] <= EXPANSION * temps["fused"], temps
   assert temps["ragged"] > EXPANSION * temps["fused"], temps  # the check can fail
 

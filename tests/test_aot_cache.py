@@ -15,6 +15,7 @@ from test_describe_fit import HLO
 from moejax import aot, cli
 from moejax.aot import cache, programs
 from moejax.errors import UserError
+from runconfig import as_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = aot.Target("v5e:2x4", "tpu", (), 8, 16 << 30, "test")
@@ -109,7 +110,7 @@ def test_a_program_compiled_before_is_read_not_compiled(tpu, tmp_path, monkeypat
     return compiled[-1]
 
   monkeypatch.setattr(programs, "_compiled", counted)
-  first = aot.footprint(_quickstart(), tpu, "q", store)
+  first = aot.footprint(as_run(_quickstart()), tpu, "q", store)
   assert not first.cached and len(compiled) == 1 and first.arguments > 0 and first.code > 0
   (entry,) = tmp_path.glob("*.json")
 
@@ -117,15 +118,15 @@ def test_a_program_compiled_before_is_read_not_compiled(tpu, tmp_path, monkeypat
     raise AssertionError("compiled a program the store holds")
 
   monkeypatch.setattr(programs, "_compiled", refuse)
-  second = aot.footprint(_quickstart(), tpu, "q", store)
+  second = aot.footprint(as_run(_quickstart()), tpu, "q", store)
   assert second.cached and second._replace(cached=False) == first
   with pytest.raises(UserError, match="^q: .*compiled a program the store holds"):
-    aot.footprint(_quickstart(top_k=1), tpu, "q", store)  # another program: a miss compiles
+    aot.footprint(as_run(_quickstart(top_k=1)), tpu, "q", store)  # another program: a miss compiles
 
   monkeypatch.setattr(programs, "_compiled", counted)
   entry.write_text(entry.read_text()[:20])  # a torn write
-  third = aot.footprint(_quickstart(), tpu, "q", store)
+  third = aot.footprint(as_run(_quickstart()), tpu, "q", store)
   assert not third.cached and len(compiled) == 2 and third == first
   assert cache.decode(entry.read_text())["temporaries"] == first.temporaries
-  fresh = aot.footprint(_quickstart(), tpu, "q", cache.Store(tmp_path, read=False))
+  fresh = aot.footprint(as_run(_quickstart()), tpu, "q", cache.Store(tmp_path, read=False))
   assert not fresh.cached and len(compiled) == 3

@@ -23,13 +23,14 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 from failure_helpers import REPO, TINY, cli_args
 from test_cli import assert_user_error
+from runconfig import as_data
 from tiers import FULL
 
 from launch import spec
 from moejax.aot import cache
 from moejax.data import corpora, scan, shards
 from moejax.data import prepare as prepare_lib
-from moejax.data.pipeline import complete, make_data
+from moejax.data.pipeline import make_data
 from moejax.errors import UserError
 
 QUIET = {"log": lambda *a, **k: None}
@@ -38,6 +39,7 @@ DATA = dict(tokenizer="bpe", bpe_vocab_size=300, seq_len=16, holdout_fraction=0.
 # A config file that imports nothing of the model: moejax.prepare reads its data section.
 LIGHT_CONFIG = """
 import ml_collections
+from runconfig import as_data
 def get_config():
   return ml_collections.ConfigDict({{"data": {data!r}}})
 """
@@ -59,7 +61,7 @@ def tree_hash(directory) -> str:
 
 
 def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
-  return complete(ml_collections.ConfigDict({"corpus": "files", "paths": paths, **DATA, **kw}))
+  return as_data(ml_collections.ConfigDict({"corpus": "files", "paths": paths, **DATA, **kw}))
 
 
 def corrupt(path: str, n: int = 4096) -> None:
@@ -284,7 +286,7 @@ def test_prepare_and_the_in_memory_path_refuse_the_same_values(world, tmp_path, 
   out = str(tmp_path / "out")
   key = f"data.{next(iter(kw))}"
   a = one_line(lambda: prepare_lib.prepare(c, out, part_bytes=PART, **QUIET), key)
-  b = one_line(lambda: make_data(c, seed=0, workdir=None))
+  b = one_line(lambda: make_data(as_data(c), seed=0, workdir=None))
   assert a == b and not os.path.exists(out)
 
 
@@ -341,15 +343,15 @@ def test_verify_shards_catches_a_changed_shard_and_false_skips_only_the_hash(wor
     d = copy_prepared(world["out"], str(tmp_path / split))
     name = m[split]["shards"][0]["file"]
     corrupt(os.path.join(d, name))
-    one_line(lambda d=d: make_data(data_cfg(c.paths, prepared=d), seed=0, workdir=None),
+    one_line(lambda d=d: make_data(as_data(data_cfg(c.paths, prepared=d)), seed=0, workdir=None),
              f"{d}/{name}: sha256", "rerun python -m moejax.prepare")  # fmt: skip
-    make_data(data_cfg(c.paths, prepared=d, verify_shards=False), seed=0, workdir=None)
+    make_data(as_data(data_cfg(c.paths, prepared=d, verify_shards=False)), seed=0, workdir=None)
   p = os.path.join(d, shards.MANIFEST)
   edited = json.loads(open(p).read())
   edited["seq_len"] = edited["data"]["seq_len"] = 64
   open(p, "w").write(json.dumps(edited))
   one_line(
-    lambda: make_data(data_cfg(c.paths, prepared=d, seq_len=64, verify_shards=False), seed=0,
+    lambda: make_data(as_data(data_cfg(c.paths, prepared=d, seq_len=64, verify_shards=False)), seed=0,
                       workdir=None),
     "records of 17 tokens", "seq_len=64",
   )  # fmt: skip
@@ -371,7 +373,7 @@ def bad_records(path: str) -> list[int]:
 def test_a_record_corrupt_at_read_time_names_its_shard_and_record(world, tmp_path):
   c = world["c"]
   d = copy_prepared(world["out"], str(tmp_path / "d"))
-  data = make_data(data_cfg(c.paths, prepared=d, verify_shards=False), seed=0, workdir=None)
+  data = make_data(as_data(data_cfg(c.paths, prepared=d, verify_shards=False)), seed=0, workdir=None)
   listed = world["manifest"]["train"]["shards"]
   victim = os.path.join(d, listed[1]["file"])
   corrupt(victim)  # after the startup check: a bucket object changed under a running job

@@ -23,11 +23,12 @@ from failure_helpers import override
 from flax import nnx
 from tiers import FULL
 
-from moejax import build, cli
+from moejax import cli
 from moejax.nn.model import ModelConfig, Transformer
 from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
+from runconfig import as_run
 
 STEPS = 60
 SHAPE = {
@@ -47,8 +48,8 @@ def train_losses(dtype: str) -> tuple[np.ndarray, dict]:
   """Per-step training loss of the quickstart shrunk to SHAPE, in `dtype`; and the dtypes
   of the state and of the step's float outputs."""
   c = override(cli.load_file("configs/quickstart.py"), {**SHAPE, "model.dtype": dtype})
-  run = trainer.build(c, None)
-  lc = build.loss_config(c, n_shards=1)
+  run = trainer.build(as_run(c), None)
+  lc = as_run(c).with_shards(1).loss
   step = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
   it = run.data.train_iterator()
   state, losses = run.state, []

@@ -9,7 +9,9 @@ from flax import nnx
 
 from moejax import build
 from moejax import config as config_lib
+from moejax.config import run as run_lib
 from moejax.errors import UserError
+from runconfig import as_run
 
 V = 16
 
@@ -27,10 +29,10 @@ def tiny(**model):
 @pytest.mark.parametrize(
   "section, build_it",
   [
-    ("model.moe", lambda c: build.moe_config(c)),
-    ("model.moe", lambda c: build.model_config(c, V)),
-    ("model", lambda c: build.model_config(c, V)),
-    ("loss", lambda c: build.loss_config(c, n_shards=1)),
+    ("model.moe", lambda c: as_run(c).moe),
+    ("model.moe", lambda c: as_run(c).with_vocab(V).model),
+    ("model", lambda c: as_run(c).with_vocab(V).model),
+    ("loss", lambda c: as_run(c).with_shards(1).loss),
   ],
 )
 def test_a_key_no_builder_reads_is_refused_by_name(section, build_it):
@@ -48,20 +50,20 @@ def test_a_key_no_builder_reads_is_refused_by_name(section, build_it):
 
 def test_the_config_keys_a_builder_reads_elsewhere_are_keys_of_base_config():
   moe, model = config_lib.base_config().model.moe, config_lib.base_config().model
-  for key in build.RULE_OVERRIDES:
+  for key in run_lib.RULE_OVERRIDES:
     assert moe[key] is None  # unset: the named rule's value
-  for key in build.RULE_COUNTS:
+  for key in run_lib.RULE_COUNTS:
     assert moe[key] == 0
-  assert all(key in model for key in build.MODEL_READ_ELSEWHERE)
+  assert all(key in model for key in run_lib.MODEL_READ_ELSEWHERE)
 
 
 def test_defaults_are_the_dataclasses():
   """Hand-copied values: the base config's and the typed configs' defaults agree."""
   c = config_lib.base_config()
-  moe = build.moe_config(c)
+  moe = as_run(c).moe
   assert (moe.n_experts, moe.top_k, moe.d_expert, moe.group_size) == (8, 2, 128, None)
   assert c.model.moe.group_size == 0
-  loss = build.loss_config(c, n_shards=3)
+  loss = as_run(c).with_shards(3).loss
   assert (loss.balance_weight, loss.z_loss_weight, loss.n_shards) == (0.01, 0.001, 3)
   assert (loss.balance_granularity, loss.balance_convention) == ("global_batch", "fraction")
 
@@ -82,22 +84,22 @@ def hand_count(tie: bool) -> tuple[int, int]:
 @pytest.mark.parametrize("tie", [True, False])
 def test_count_params_against_a_hand_count(tie):
   c = tiny(tie_embeddings=tie)
-  mc = build.model_config(c, V)
-  params = nnx.state(build.build_model(c, V), nnx.Param)
+  mc = as_run(c).with_vocab(V).model
+  params = nnx.state(build.transformer(as_run(c).with_vocab(V).model, as_run(c).train.seed), nnx.Param)
   assert build.count_params(params, mc.moe) == hand_count(tie)
   assert build.count_params(build.abstract_params(mc), mc.moe) == hand_count(tie)
 
 
 def test_a_dense_model_is_all_active():
-  mc = build.model_config(tiny(moe_every=0), V)
+  mc = as_run(tiny(moe_every=0)).with_vocab(V).model
   total, active = build.count_params(build.abstract_params(mc), mc.moe)
   assert mc.moe is None and total == active == V * 8 + 2 * 192 + 40 + 2 * 3 * 8 * 12
 
 
 def test_the_abstract_model_is_the_concrete_one_in_shapes():
   c = tiny()
-  graphdef, state = nnx.split(build.build_model(c, V))
-  abstract_graphdef, abstract_state = nnx.split(build.abstract_model(c, V))
+  graphdef, state = nnx.split(build.transformer(as_run(c).with_vocab(V).model, as_run(c).train.seed))
+  abstract_graphdef, abstract_state = nnx.split(build.abstract_transformer(as_run(c).with_vocab(V).model))
   assert abstract_graphdef == graphdef
   leaves, abstract = jax.tree.leaves(state), jax.tree.leaves(abstract_state)
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in abstract)

@@ -9,6 +9,7 @@ from failure_helpers import override
 
 from moejax import cli, compile_options
 from moejax.training import trainer
+from runconfig import as_run
 
 ZERO_INIT = "xla_gpu_enable_dus_accumulator_zero_init_elimination"
 SHAPE = {
@@ -41,7 +42,7 @@ def test_the_trainers_steps_compile_with_the_backends_options(monkeypatch, tmp_p
   writes its dumps where the option says (a CPU option that can be seen from here)."""
   dumps = tmp_path / "xla"
   monkeypatch.setitem(compile_options.OPTIONS, "cpu", {"xla_dump_to": str(dumps)})
-  run = trainer.build(override(cli.load_file("configs/quickstart.py"), SHAPE), None)
+  run = trainer.build(as_run(override(cli.load_file("configs/quickstart.py"), SHAPE)), None)
   train_step, eval_step = trainer.compile_steps(run)
   tokens = jnp.zeros((2, 17), jnp.int32)
   modules = set()

@@ -18,6 +18,7 @@ from moejax.errors import UserError
 from moejax.validate import validate
 from moejax.nn import routing
 from moejax.training import trainer
+from runconfig import as_run
 
 N_FUZZ = 360
 
@@ -124,7 +125,7 @@ def check(c: ml_collections.ConfigDict) -> None:
   """What `python -m moejax.train` checks before it builds anything: the config and the
   grid's cells (eval.k1/eval.k2) in one `validate`, then the mesh against the batch."""
   validate(c)
-  trainer.check_config(c)
+  trainer.check_config(as_run(c))
 
 
 def test_the_valid_base_and_noise_pass():

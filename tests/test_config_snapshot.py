@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from moejax import build, cli
+from moejax import cli
+from moejax.config import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = json.loads((ROOT / "tests" / "data" / "configs_resolved.json").read_text())["specs"]
@@ -30,12 +31,13 @@ def _jsonable(x):
 
 def _resolve(spec: str) -> dict:
   c = cli.load_file(str(ROOT / spec))
+  rc = resolve.typed(c)  # a study's base file: its sweep completes the cross-section keys
   return _jsonable(
     {
       "config": c.to_dict(),
-      "rule": build.resolved_rule(c),
-      "model": dataclasses.asdict(build.model_config(c, 257)),
-      "loss": dataclasses.asdict(build.loss_config(c, n_shards=1)),
+      "rule": rc.resolved_rule(),
+      "model": dataclasses.asdict(rc.with_vocab(257).model),
+      "loss": dataclasses.asdict(rc.with_shards(1).loss),
     }
   )
 

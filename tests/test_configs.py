@@ -26,6 +26,7 @@ from moejax.nn import losses, routing
 from moejax.nn.model import ModelConfig, Transformer, is_moe_layer
 from moejax.training import workdir as workdir_lib
 from moejax.validate import validate
+from runconfig import as_run
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 VOCAB_SIZE = 257  # the byte tokenizer's vocabulary
@@ -84,7 +85,7 @@ def shrink_for_test(
 
 
 def build_model(cfg: ml_collections.ConfigDict, seed: int = 0) -> tuple[ModelConfig, Transformer]:
-  mc = build.model_config(cfg, vocab_size=VOCAB_SIZE)
+  mc = as_run(cfg).with_vocab(VOCAB_SIZE).model
   return mc, build.transformer(mc, seed)
 
 
@@ -135,7 +136,7 @@ def test_preset_keys_rule_and_validate(name, base_keys):
   validate(cfg)
   m = cfg.model.moe
   assert m.rule == PRESET_RULES[name]
-  rule = build.moe_config(cfg).merge_rule
+  rule = as_run(cfg).moe.merge_rule
   # A rule with a shared coefficient needs a shared expert, and only such rules have one.
   assert (m.d_shared > 0) == (rule.shared != "none"), (m.d_shared, rule.shared)
   assert (m.dispatch == "capacity") == (name in CAPACITY_PRESETS)
@@ -156,7 +157,7 @@ def test_family_specifics():
   assert (switch.model.moe.capacity_factor, switch.model.moe.eval_capacity_factor) == (1.25, 2.0)
   assert gshard.model.moe.top_k == 2 and gshard.model.moe.second_expert == "random"
   assert gshard.model.moe_every == 2 and gshard.model.moe.group_size > 0
-  rule = build.moe_config(v3).merge_rule
+  rule = as_run(v3).moe.merge_rule
   assert (rule.n_groups, rule.topk_groups, rule.group_score) == (8, 4, "top2_sum")
   assert v3.loss.balance_granularity == "sequence" and v3.loss.balance_weight == 0.0001
   assert v3.loss.bias_update_rate == 0.001
@@ -230,9 +231,9 @@ def test_preset_balance_convention(name):
 
 REPO = CONFIG_DIR.parent
 PARSE = (
-  "import json, sys; from moejax import build, cli, train; "
+  "import json, sys; from moejax import cli, config, train; "
   "cli.parse_flags(sys.argv, train._CONFIG); "
-  "print(json.dumps(build.resolved_rule(train._CONFIG.value)))"
+  "print(json.dumps(config.resolve(train._CONFIG.value).resolved_rule()))"
 )
 
 
@@ -294,7 +295,7 @@ def _save_run(workdir, c):
   """config.json as a run of `c` writes it (the raw config plus resolved.rule)."""
   workdir.mkdir()
   saved = c.to_dict()
-  saved["resolved"] = {"rule": build.resolved_rule(c)}
+  saved["resolved"] = {"rule": as_run(c).resolved_rule()}
   (workdir / "config.json").write_text(json.dumps(saved))
   return saved
 
@@ -326,9 +327,9 @@ def test_from_saved_gives_the_trained_rule():
   c = load_preset("quickstart")
   c.model.moe.update(rule="megatron", scale=5.0)
   saved = c.to_dict()
-  saved["resolved"] = {"rule": build.resolved_rule(c)}
-  assert build.moe_config(workdir_lib.from_saved(saved)).merge_rule.scale == 5.0
+  saved["resolved"] = {"rule": as_run(c).resolved_rule()}
+  assert as_run(workdir_lib.from_saved(saved)).moe.merge_rule.scale == 5.0
   # The grid routes with the rule the run trained with, whatever RULES says today.
   saved["resolved"]["rule"]["norm"] = "none"
-  rule = build.moe_config(workdir_lib.from_saved(saved)).merge_rule
+  rule = as_run(workdir_lib.from_saved(saved)).moe.merge_rule
   assert rule == routing.MergeRule(norm="none", scale=5.0, shared="unit")

@@ -14,6 +14,7 @@ from moejax.aot import custom_calls, loops
 from moejax.nn import model as model_lib
 from moejax.nn.losses import LossConfig
 from moejax.training import step as step_lib
+from runconfig import as_run
 
 # lines as XLA:TPU and XLA:GPU write them (targets copied from compiled programs)
 HLO = """
@@ -72,7 +73,7 @@ def _grad_loops(scan: bool, unroll: int = 1) -> tuple:
   c.model.update(d_model=16, n_layers=5, n_heads=2, n_kv_heads=1, d_ff=24, first_dense=2)
   c.model.update(scan_layers=scan, scan_unroll=unroll)
   c.model.moe.update(n_experts=4, top_k=2, d_expert=8, impl="fused")
-  graphdef, params, router = step_lib.split_model(build.abstract_model(c, 32))
+  graphdef, params, router = step_lib.split_model(build.abstract_transformer(as_run(c).with_vocab(32).model))
   fn = jax.value_and_grad(step_lib.forward_loss, argnums=1, has_aux=True)
   tokens = jax.ShapeDtypeStruct((2, 9), jnp.int32)
   lowered = jax.jit(fn, static_argnums=(0, 5)).lower(
@@ -115,14 +116,14 @@ def test_scan_unroll_minus_1_unrolls_whole_on_cpu_and_loops_a_period_a_trip_on_g
   or runs a remat policy; the CPU gradient's loops are then scan_unroll=0's."""
   c = config_lib.base_config()
   c.model.update(n_layers=7, first_dense=2, moe_every=2)
-  cfg = build.model_config(c, 32)
+  cfg = as_run(c).with_vocab(32).model
   assert cfg.scan_unroll == -1
   segs = model_lib.layer_segments(cfg)
   assert [model_lib.scan_unroll(cfg, s) for s in segs] == [s.repeats for s in segs]
   with compat.gpu_target():
     assert [model_lib.scan_unroll(cfg, s) for s in segs] == [1] * len(segs)
   c.model.remat = "full"
-  remat_cfg = build.model_config(c, 32)
+  remat_cfg = as_run(c).with_vocab(32).model
   assert [model_lib.scan_unroll(remat_cfg, s) for s in segs] == [1] * len(segs)
   default = _grad_loops(True, unroll=-1)
   assert sorted(lp.kind for lp in default) == sorted(lp.kind for lp in _grad_loops(True, 0))

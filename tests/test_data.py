@@ -15,7 +15,6 @@ import pytest
 from moejax.data import corpora, tokenizer
 from moejax.data.pipeline import (
   check_heldout,
-  complete,
   heldout_mask,
   make_data,
   pack,
@@ -24,6 +23,7 @@ from moejax.data.pipeline import (
   windows,
 )
 from moejax.errors import UserError
+from runconfig import as_data
 
 
 def cfg(**kw) -> ml_collections.ConfigDict:
@@ -46,22 +46,22 @@ def split_on_eos(stream_T: np.ndarray, eos: int) -> list[bytes]:
 
 def test_same_seed_same_batches_other_seed_differs():
   first = [
-    next(make_data(cfg(), seed=0, workdir=None).train_iterator())["tokens"] for _ in range(2)
+    next(make_data(as_data(cfg()), seed=0, workdir=None).train_iterator())["tokens"] for _ in range(2)
   ]
   np.testing.assert_array_equal(first[0], first[1])
   assert first[0].shape == (4, 33) and first[0].dtype == np.int32
-  other = next(make_data(cfg(), seed=1, workdir=None).train_iterator())["tokens"]
+  other = next(make_data(as_data(cfg()), seed=1, workdir=None).train_iterator())["tokens"]
   assert not np.array_equal(first[0], other)
 
 
 def test_heldout_docs_disjoint_from_train_docs():
   c = cfg()
-  docs, _ = corpora.load_corpus(complete(c))
+  docs, _ = corpora.load_corpus(as_data(c))
   held_N = heldout_mask(docs, 0.1)
   train_set = {d for d, h in zip(docs, held_N) if not h}
   held_set = {d for d, h in zip(docs, held_N) if h}
   assert train_set and held_set and not train_set & held_set
-  data = make_data(c, seed=0, workdir=None)
+  data = make_data(as_data(c), seed=0, workdir=None)
   eos = data.tokenizer.eos_id
   train_segs = split_on_eos(data.train_windows.reshape(-1), eos)
   held_segs = split_on_eos(data.heldout_windows.reshape(-1), eos)
@@ -70,7 +70,7 @@ def test_heldout_docs_disjoint_from_train_docs():
   assert all(s.decode() in held_set and s.decode() not in train_set for s in held_segs)
   # The split ignores the train seed.
   np.testing.assert_array_equal(
-    make_data(c, seed=5, workdir=None).heldout_windows, data.heldout_windows
+    make_data(as_data(c), seed=5, workdir=None).heldout_windows, data.heldout_windows
   )
 
 
@@ -83,7 +83,7 @@ def test_heldout_mask_always_has_both_sides():
 
 
 def test_iterator_state_roundtrip():
-  data = make_data(cfg(), seed=3, workdir=None)
+  data = make_data(as_data(cfg()), seed=3, workdir=None)
   it = data.train_iterator()
   for _ in range(3):
     next(it)
@@ -95,13 +95,13 @@ def test_iterator_state_roundtrip():
   fresh.set_state(state)
   for want in expected:
     np.testing.assert_array_equal(next(fresh)["tokens"], want)
-  other = make_data(cfg(batch_size=2), seed=3, workdir=None).train_iterator()
+  other = make_data(as_data(cfg(batch_size=2)), seed=3, workdir=None).train_iterator()
   with pytest.raises(UserError, match="batch_size"):
     other.set_state(state)
 
 
 def test_epochs_are_reshuffled_and_cover_all_windows():
-  data = make_data(cfg(synthetic_docs=40, batch_size=1), seed=0, workdir=None)
+  data = make_data(as_data(cfg(synthetic_docs=40, batch_size=1)), seed=0, workdir=None)
   n = data.train_windows.shape[0]
   it = data.train_iterator()
   ep1 = np.concatenate([next(it)["tokens"] for _ in range(n)])
@@ -112,7 +112,7 @@ def test_epochs_are_reshuffled_and_cover_all_windows():
 
 
 def test_eval_batches_are_the_first_heldout_windows(caplog):
-  data = make_data(cfg(), seed=0, workdir=None)
+  data = make_data(as_data(cfg()), seed=0, workdir=None)
   have = data.heldout_windows.shape[0]
   assert have >= 3
   b = data.eval_batches(3, 2)
@@ -122,7 +122,7 @@ def test_eval_batches_are_the_first_heldout_windows(caplog):
     got = data.eval_batches(have + 10, 64)
   assert sum(len(x) for x in got) == have and "< the" in caplog.text
   tiny = make_data(
-    cfg(seq_len=2000, synthetic_docs=100, holdout_fraction=0.02), seed=0, workdir=None
+    as_data(cfg(seq_len=2000, synthetic_docs=100, holdout_fraction=0.02)), seed=0, workdir=None
   )
   with pytest.raises(UserError, match="data.seq_len"):
     tiny.eval_batches(4, 2)
@@ -132,7 +132,7 @@ def test_split_corpus_heldout_windows_are_the_heldout_docs_in_order():
   """The one source of held-out windows (trainer and k-grid): the held-out docs' bytes, each
   followed by EOS, in corpus order, cut into rows of seq_len + 1 (tail dropped): built here
   with a loop."""
-  c = complete(cfg(holdout_fraction=0.2))
+  c = as_data(cfg(holdout_fraction=0.2))
   docs, _ = corpora.load_corpus(c)
   split = split_corpus(c, None)
   eos = split.tokenizer.eos_id
@@ -144,7 +144,7 @@ def test_split_corpus_heldout_windows_are_the_heldout_docs_in_order():
   rows = [stream[i : i + width] for i in range(0, len(stream) - width + 1, width)]
   np.testing.assert_array_equal(split.heldout.tokens_T, stream)
   np.testing.assert_array_equal(split.heldout.windows_NxL1, np.array(rows, np.int32))
-  data = make_data(c, seed=0, workdir=None)
+  data = make_data(as_data(c), seed=0, workdir=None)
   np.testing.assert_array_equal(data.heldout_windows, split.heldout.windows_NxL1)
   assert data.heldout_tokens == len(stream) and data.n_heldout_docs == split.n_heldout_docs
   check_heldout(1, width, c.seq_len)
@@ -159,7 +159,7 @@ def test_packing_and_entropy():
   w = windows(np.arange(10, dtype=np.int32), seq_len=2)
   assert w.shape == (3, 3) and w[1].tolist() == [3, 4, 5]
   assert unigram_entropy(np.array([0, 1, 0, 1]), 4) == pytest.approx(np.log(2))
-  data = make_data(cfg(), seed=0, workdir=None)
+  data = make_data(as_data(cfg()), seed=0, workdir=None)
   assert 0 < data.unigram_entropy < np.log(data.tokenizer.vocab_size)
   assert data.train_tokens > data.heldout_tokens > 0
 
@@ -230,7 +230,7 @@ def test_stdlib_excludes_tests_and_records_sha_and_version():
   assert info.n_bytes == sum(len(d.encode()) for d in docs)
   assert corpora.load_stdlib(max_docs=6)[1].sha256 != info.sha256
   data = make_data(
-    ml_collections.ConfigDict(dict(corpus="stdlib", max_docs=30, batch_size=2, seq_len=64)),
+    as_data(ml_collections.ConfigDict(dict(corpus="stdlib", max_docs=30, batch_size=2, seq_len=64))),
     seed=0,
     workdir=None,
   )
@@ -261,7 +261,7 @@ def test_user_files_load(tmp_path):
   assert corpora.load_files(str(tmp_path / "e.array_record"))[0] == ["r1 ü", "r2"]
   paths = [f"{tmp_path}/*.txt", str(tmp_path / "c.jsonl"), str(tmp_path / "e.array_record")]
   data = make_data(
-    ml_collections.ConfigDict(dict(corpus="files", paths=paths, seq_len=2, batch_size=1)),
+    as_data(ml_collections.ConfigDict(dict(corpus="files", paths=paths, seq_len=2, batch_size=1))),
     seed=0,
     workdir=None,
   )
@@ -307,7 +307,7 @@ def test_user_file_errors_name_the_file(tmp_path, setup, kw, needle):
   setup(tmp_path)
   c = cfg(corpus="files", **{k: v.format(p=tmp_path) for k, v in kw.items()})
   with pytest.raises(UserError) as e:
-    make_data(c, seed=0, workdir=None)
+    make_data(as_data(c), seed=0, workdir=None)
   msg = str(e.value)
   assert needle in msg and "\n" not in msg
 
@@ -331,7 +331,7 @@ def test_user_file_errors_name_the_file(tmp_path, setup, kw, needle):
 )
 def test_bad_config_names_the_field(kw, needle):
   with pytest.raises(UserError) as e:
-    make_data(cfg(**kw), seed=0, workdir=None)
+    make_data(as_data(cfg(**kw)), seed=0, workdir=None)
   assert needle in str(e.value) and "\n" not in str(e.value)
 
 
@@ -351,7 +351,7 @@ def test_byte_tokenizer_roundtrip():
 
 def test_bpe_trains_caches_and_reloads_identically(tmp_path, monkeypatch):
   c = cfg(tokenizer="bpe", bpe_vocab_size=300, synthetic_docs=150)
-  data = make_data(c, seed=0, workdir=str(tmp_path))
+  data = make_data(as_data(c), seed=0, workdir=str(tmp_path))
   tok = data.tokenizer
   files = os.listdir(tmp_path / "tokenizer")
   assert len(files) == 1 and re.fullmatch(r"[0-9a-f]{16}\.json", files[0])
@@ -364,13 +364,13 @@ def test_bpe_trains_caches_and_reloads_identically(tmp_path, monkeypatch):
   monkeypatch.setattr(
     tokenizer.BPETokenizer, "train", classmethod(lambda *a, **k: pytest.fail("retrained"))
   )
-  again = make_data(c, seed=1, workdir=str(tmp_path))
+  again = make_data(as_data(c), seed=1, workdir=str(tmp_path))
   assert again.tokenizer.to_json() == tok.to_json()
   np.testing.assert_array_equal(again.heldout_windows, data.heldout_windows)
   assert data.train_tokens == again.train_tokens
   # A different vocab size is a different cache entry.
   monkeypatch.undo()
   make_data(
-    cfg(tokenizer="bpe", bpe_vocab_size=280, synthetic_docs=150), seed=0, workdir=str(tmp_path)
+    as_data(cfg(tokenizer="bpe", bpe_vocab_size=280, synthetic_docs=150)), seed=0, workdir=str(tmp_path)
   )
   assert len(os.listdir(tmp_path / "tokenizer")) == 2

@@ -18,6 +18,7 @@ from tiers import FULL
 from moejax import build, cli, describe
 from moejax import config as config_lib
 from moejax.validate import validate
+from runconfig import as_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_DIR = ROOT / "configs" / "full"
@@ -46,7 +47,7 @@ def key_paths(d, prefix: str = "") -> set[str]:
 def sheets():
   """Worksheets of the full-size twins, built once (eval_shape of up to 671B parameters)."""
   names = [*PUBLISHED, "deepseek_v3"]
-  return {n: describe.worksheet(cli.load_file(str(FULL_DIR / f"{n}.py")), 0) for n in names}
+  return {n: describe.worksheet(as_run(cli.load_file(str(FULL_DIR / f"{n}.py"))).with_vocab(0)) for n in names}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -112,26 +113,26 @@ def test_groups_match_hand_formulas(scan):
     "shared_experts": n_moe * (3 * D * S + D),  # + the sigmoid gate's D x 1 kernel
     "routed_experts": n_moe * E * 3 * D * F,
   }
-  ws = describe.worksheet(tiny(scan_layers=scan), 0)
+  ws = describe.worksheet(as_run(tiny(scan_layers=scan)).with_vocab(0))
   assert {g.name: g.total for g in ws.groups} == want
   assert ws.group("routed_experts").active == want["routed_experts"] * K // E
   assert ws.active == sum(want.values()) - want["routed_experts"] * (E - K) // E
   assert ws.conventions["non_embedding"][0] == sum(want.values()) - 2 * V * D
-  tied = describe.worksheet(tiny(tie_embeddings=True, scan_layers=scan), 0)
+  tied = describe.worksheet(as_run(tiny(tie_embeddings=True, scan_layers=scan)).with_vocab(0))
   assert tied.group("lm_head").total == 0 and tied.total == ws.total - D * V
 
 
 def test_placement_is_every_moe_every_th_layer_after_first_dense():
-  ws = describe.worksheet(tiny(n_layers=9, first_dense=2, moe_every=3), 0)
+  ws = describe.worksheet(as_run(tiny(n_layers=9, first_dense=2, moe_every=3)).with_vocab(0))
   assert ws.moe_layers == tuple(i for i in range(9) if i >= 2 and (i - 2) % 3 == 0)
   assert "3 of 9 layers MoE: 2, 5, 8" in ws.placement
-  dense = describe.worksheet(tiny(moe_every=0), 0)
+  dense = describe.worksheet(as_run(tiny(moe_every=0)).with_vocab(0))
   assert dense.moe_layers == () and dense.total == dense.active and dense.experts == "none"
   assert dense.group("dense_ffn").total == 3 * 3 * 8 * 12
 
 
 def test_parameters_are_only_shapes():
-  mc = build.model_config(cli.load_file(str(FULL_DIR / "olmoe.py")), 0)
+  mc = as_run(cli.load_file(str(FULL_DIR / "olmoe.py"))).with_vocab(0).model
   leaves = jax.tree_util.tree_leaves(build.abstract_params(mc))
   assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
 
@@ -161,10 +162,10 @@ def _layout(c, scan: bool):
   """(worksheet, its text, build.count_params, the parameters' top-level names) in one
   layout."""
   c.model.scan_layers = scan
-  mc = build.model_config(c, 257)
+  mc = as_run(c).with_vocab(257).model
   params = build.abstract_params(mc)
   tops = {build.param_names(p)[0] for p, _ in jax.tree_util.tree_leaves_with_path(params)}
-  ws = describe.worksheet(c, 257)
+  ws = describe.worksheet(as_run(c).with_vocab(257))
   return ws, describe.format_worksheet(ws), build.count_params(params, mc.moe), tops
 
 
@@ -184,7 +185,7 @@ def test_worksheet_and_counts_are_the_same_in_both_layouts(name):
 
 def test_text_states_router_capacity_losses_and_mesh(sheets):
   c = cli.load_file(str(ROOT / "configs" / "gshard.py"))
-  ws = describe.worksheet(c, 257)
+  ws = describe.worksheet(as_run(c).with_vocab(257))
   m = c.model.moe
   G = m.group_size or c.data.batch_size * c.data.seq_len // c.train.grad_accum
   cap = max(m.min_capacity, math.ceil(m.capacity_factor * m.top_k * G / m.n_experts))
@@ -209,8 +210,8 @@ def test_trainer_records_the_worksheet():
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
 
   c = tiny(vocab_size=0)
-  params = build.abstract_params(build.model_config(c, 257))
-  n_params, n_active = build.count_params(params, build.moe_config(c))
+  params = build.abstract_params(as_run(c).with_vocab(257).model)
+  n_params, n_active = build.count_params(params, as_run(c).moe)
   tokenizer = types.SimpleNamespace(vocab_size=257)
   data = types.SimpleNamespace(tokenizer=tokenizer, describe=dict)
   run = types.SimpleNamespace(config=c, data=data, n_params=n_params, n_active=n_active)

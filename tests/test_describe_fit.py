@@ -16,6 +16,7 @@ import quick_gpu
 from moejax import aot, describe
 from moejax import config as config_lib
 from moejax.errors import UserError
+from runconfig import as_run
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled"}
@@ -44,12 +45,12 @@ def abstract_gpus(n: int = 8) -> aot.Target:
 
 
 def state_bytes(c) -> dict:
-  state = aot.abstract_run(c, abstract_gpus()).run.state
+  state = aot.abstract_run(as_run(c), abstract_gpus()).run.state
   return {k: aot.device_bytes(state[k]) for k in ("params", "opt_state", "router")}
 
 
 def test_state_bytes_replicated_match_a_hand_count():
-  b = state_bytes(small())  # data 8: every leaf whole on a device
+  b = state_bytes(as_run(small()))  # data 8: every leaf whole on a device
   assert b["params"] == 4 * (OTHERS + EXPERTS)
   # AdamW's two moments per parameter, plus int32 step counters
   extra = b["opt_state"] - 2 * b["params"]
@@ -58,7 +59,7 @@ def test_state_bytes_replicated_match_a_hand_count():
 
 
 def test_state_bytes_with_experts_split_over_the_expert_axis():
-  b = state_bytes(small(data=1, expert=8))
+  b = state_bytes(as_run(small(data=1, expert=8)))
   assert b["params"] == 4 * (OTHERS + EXPERTS // 8)  # E = 8 over expert = 8; the rest whole
 
 
@@ -81,16 +82,16 @@ def test_gpu_target_memory_is_the_protos_times_jax_pool(h100):
 def test_gpu_fit_is_the_compilers_and_fails_a_tiny_memory(h100):
   c = small()
   c.model.moe.impl = "fused"  # the block loop: the loop report has one to show
-  fp = aot.footprint(c, h100)
+  fp = aot.footprint(as_run(c), h100)
   assert fp.params == 4 * (OTHERS + EXPERTS) and fp.batch == 4 * (8 // 8) * (16 + 1)
   assert fp.arguments >= fp.params + fp.opt_state + fp.router and fp.temporaries > 0
   assert fp.fits and not fp.refused and any(lp.grows for lp in fp.loops), fp.loops
-  text = describe.format_fit(fp, c)
+  text = describe.format_fit(as_run(fp), c)
   assert "GPU compiler (XLA:GPU): memory_analysis()" in text and "\n  fits: " in text
   assert "while loops:" in text and "step time: not estimated" in text
   assert all(len(line) <= 100 for line in text.splitlines()), text
   tiny = fp._replace(target=h100._replace(hbm_bytes=fp.params))  # below the whole step
-  assert not tiny.fits and "DOES NOT FIT" in describe.format_fit(tiny, c)
+  assert not tiny.fits and "DOES NOT FIT" in describe.format_fit(as_run(tiny), c)
 
 
 def test_oom_message_and_accelerator_names_parse_by_hand():
@@ -168,18 +169,18 @@ def test_tpu_target_reads_the_usable_hbm_from_the_compiler(v5e):
 def test_tpu_fit_both_sides_of_the_hbm(v5e):
   c = small(data=4)
   c.model.moe.impl = "ragged"
-  fp = aot.footprint(c, v5e)
+  fp = aot.footprint(as_run(c), v5e)
   assert fp.params == 4 * (OTHERS + EXPERTS) and fp.router == 4 * E  # replicated, data 4
   assert fp.fits and not fp.refused and fp.arguments >= fp.params + fp.opt_state + fp.router
-  text = describe.format_fit(fp, c)
+  text = describe.format_fit(as_run(fp), c)
   assert "TPU compiler: memory_analysis()" in text and "\n  fits: " in text
   # 1 sequence of 32768 tokens per chip: attention keeps 2 heads × 32768² float32
   # probabilities (8 GiB) and more for the backward pass, past 15.75 GiB
   c.data.update(batch_size=4, seq_len=32768)
-  big = aot.footprint(c, v5e)
+  big = aot.footprint(as_run(c), v5e)
   assert big.refused and not big.fits and big.temporaries > v5e.hbm_bytes
-  assert "DOES NOT FIT" in describe.format_fit(big, c) and "RESOURCE_EXHAUSTED" in (
-    describe.format_fit(big, c)
+  assert "DOES NOT FIT" in describe.format_fit(as_run(big), c) and "RESOURCE_EXHAUSTED" in (
+    describe.format_fit(as_run(big), c)
   )
 
 

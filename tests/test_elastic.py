@@ -17,13 +17,14 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
 )
 from tiers import FULL, one_default
 
-from moejax import build, sharding
+from moejax import sharding
 from moejax.errors import UserError
 from moejax.kernels import plans
 from moejax.nn import elastic, routing
 from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
+from runconfig import as_run
 
 T, E, K = 24, 8, 4
 
@@ -142,8 +143,8 @@ BASE = {"model.moe.n_experts": 8, "model.moe.top_k": 4, "data.seq_len": 16}
 @functools.cache
 def _step(**moe):
   c = tiny(**{k.replace(".", "__"): v for k, v in BASE.items()}, **moe)
-  run = trainer.build(c, workdir=None)
-  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
+  run = trainer.build(as_run(c), workdir=None)
+  lc = as_run(c).with_shards(sharding.data_shards(run.mesh)).loss
   fn = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule))
   return run, fn
 
@@ -195,9 +196,9 @@ def test_resumed_elastic_run_is_bitwise_the_uninterrupted_one(tmp_path):
   )
   split, whole = str(tmp_path / "split"), str(tmp_path / "whole")
   quiet = {"log": lambda *a: None}
-  trainer.train(override(c, {"train.stop_at": 3}), split, **quiet)
-  trainer.train(c, split, **quiet)
-  trainer.train(c, whole, **quiet)
+  trainer.train(as_run(override(c, {"train.stop_at": 3})), split, **quiet)
+  trainer.train(as_run(c), split, **quiet)
+  trainer.train(as_run(c), whole, **quiet)
   rows_a, rows_b = metric_rows(split), metric_rows(whole)
   for key in ("loss", "moe/mean_k", "moe/aux_loss", "grad_norm"):
     assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key

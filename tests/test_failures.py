@@ -33,6 +33,7 @@ from moejax.errors import UserError
 from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, loop, nonfinite, trainer
 from moejax.training import workdir as workdir_lib
+from runconfig import as_run
 
 STEPS, LOG, EVAL, CKPT = 12, 5, 7, 4
 CONFIG = tiny(
@@ -54,8 +55,8 @@ def reference(tmp_path_factory):
   """An uninterrupted run: (workdir, summary, log lines, abstract state)."""
   workdir = str(tmp_path_factory.mktemp("reference"))
   log = Log()
-  summary = trainer.train(CONFIG, workdir, log=log)
-  return workdir, summary, log, trainer.build(CONFIG, None).state
+  summary = trainer.train(as_run(CONFIG), workdir, log=log)
+  return workdir, summary, log, trainer.build(as_run(CONFIG), None).state
 
 
 def final_state(workdir, abstract, step=None):
@@ -103,7 +104,7 @@ def test_same_config_and_seed_is_bitwise_identical_and_stale_metrics_are_dropped
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     f.writelines(f'{{"step": {s}, "loss": 9.0}}\n' for s in range(1, 11))
     f.write('{"step": 11, "lo')
-  trainer.train(CONFIG, workdir, log=Log())
+  trainer.train(as_run(CONFIG), workdir, log=Log())
   same_rows(metric_rows(workdir), metric_rows(reference[0]))
   a, b = final_state(workdir, reference[3]), final_state(reference[0], reference[3])
   assert a[0] == b[0] == STEPS and a[2] == b[2]
@@ -125,7 +126,7 @@ def test_truncated_latest_is_named_and_the_run_resumes_from_the_previous(referen
   workdir = copy_run(reference[0], tmp_path / "corrupt")
   bad_dir = truncate_state(workdir, STEPS)
   log = Log()
-  trainer.train(CONFIG, workdir, log=log)
+  trainer.train(as_run(CONFIG), workdir, log=log)
   warning = [line for line in log if "unreadable" in line]
   assert warning and bad_dir in warning[0], log
   assert any(f"resumed from {workdir}/checkpoints/{STEPS - CKPT}" in line for line in log), log
@@ -151,7 +152,7 @@ def test_no_readable_checkpoint_is_a_clear_error_naming_each(reference, tmp_path
   workdir = copy_run(reference[0], tmp_path / "all_bad")
   bad = [truncate_state(workdir, s) for s in checkpoint.manager(workdir).all_steps()]
   with pytest.raises(UserError) as info:
-    trainer.train(CONFIG, workdir, log=Log())
+    trainer.train(as_run(CONFIG), workdir, log=Log())
   message = str(info.value)
   assert "\n" not in message and "no readable checkpoint" in message
   for step_dir in bad:
@@ -177,13 +178,13 @@ def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(reference, tmp_p
 
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", full_disk)
   with pytest.raises(trainer.SaveFailed) as info:
-    trainer.train(c, workdir, log=Log())
+    trainer.train(as_run(c), workdir, log=Log())
   monkeypatch.undo()
   message = str(info.value)
   assert f"checkpoints/{2 * CKPT}" in message and f"checkpoints/{CKPT}" in message, message
   assert list(checkpoint.manager(workdir).all_steps()) == [CKPT]
   assert final_state(workdir, reference[3])[0] == CKPT
-  trainer.train(c, workdir, log=Log())
+  trainer.train(as_run(c), workdir, log=Log())
   assert_trees_equal(
     final_state(workdir, reference[3])[1], final_state(reference[0], reference[3])[1], "state"
   )
@@ -220,7 +221,7 @@ def test_nonfinite_stop_names_step_quantity_and_good_checkpoint(reference, tmp_p
   workdir = resumable_at_8(reference, tmp_path / "nan")
   monkeypatch.setattr(checkpoint, "restore", poison_router(1))
   with pytest.raises(trainer.Diverged) as info:
-    trainer.train(CONFIG, workdir, log=Log())
+    trainer.train(as_run(CONFIG), workdir, log=Log())
   monkeypatch.undo()
   message = str(info.value)
   start = 2 * CKPT
@@ -234,7 +235,7 @@ def test_nonfinite_skip_counts_and_stops_after_max_skips(reference, tmp_path, mo
   c = override(CONFIG, {"train.on_nonfinite": "skip", "train.max_skips": 2})
   monkeypatch.setattr(checkpoint, "restore", poison_router(0))
   with pytest.raises(trainer.Diverged) as info:
-    trainer.train(c, workdir, log=Log())
+    trainer.train(as_run(c), workdir, log=Log())
   monkeypatch.undo()
   message = str(info.value)
   assert "router logits of layer 0 at step 11" in message, message  # 9, 10, 11 skipped
@@ -276,21 +277,21 @@ def test_steps_below_the_checkpoint_is_an_error_and_config_json_is_kept(referenc
   with open(path) as f:
     before = f.read()
   with pytest.raises(UserError, match=r"train.steps=10 is below the checkpoint step 12"):
-    trainer.train(override(CONFIG, {"train.steps": 10}), workdir, log=Log())
+    trainer.train(as_run(override(CONFIG, {"train.steps": 10})), workdir, log=Log())
   with open(path) as f:
     assert f.read() == before
 
 
 def test_changed_moe_key_on_resume_is_named_in_one_short_line(reference):
   with pytest.raises(UserError) as info:
-    workdir_lib.check_resume_config(reference[0], override(CONFIG, {"model.moe.top_k": 1}))
+    workdir_lib.check_resume_config(reference[0], as_run(override(CONFIG, {"model.moe.top_k": 1})))
   message = str(info.value)
   assert message.startswith("model.moe.top_k=1 differs") and len(message) < 200, message
 
 
 def test_vocab_size_below_the_tokenizers_is_an_error():
   with pytest.raises(UserError, match=r"model.vocab_size=100 .* tokenizer's 257"):
-    trainer.build(override(CONFIG, {"model.vocab_size": 100}), None)
+    trainer.build(as_run(override(CONFIG, {"model.vocab_size": 100})), None)
 
 
 def test_workdir_that_is_a_file_or_unwritable(tmp_path):
@@ -305,7 +306,7 @@ def test_workdir_that_is_a_file_or_unwritable(tmp_path):
 
 def test_divergence_before_any_checkpoint_names_none():
   fields = {f.name: None for f in dataclasses.fields(loop.LoopSetup)}
-  cfg = loop.LoopConfig.from_config(CONFIG)._replace(on_nonfinite="stop", max_skips=0)
+  cfg = dataclasses.replace(as_run(CONFIG).train, on_nonfinite="stop", max_skips=0)
   setup = loop.LoopSetup(**{**fields, "config": cfg, "moe_layers": [0]})
   with pytest.raises(trainer.Diverged) as info:
     loop.Loop(setup, 0, STEPS).check(3, {"nonfinite": 2})
@@ -321,4 +322,4 @@ def test_training_on_an_imported_run_is_refused(tmp_path):
   saved["resolved"] = {"hf_import": {"source": "allenai/OLMoE-1B-7B-0924"}}
   (tmp_path / "config.json").write_text(json.dumps(saved))
   with pytest.raises(UserError, match="imported from allenai/OLMoE-1B-7B-0924.*not training"):
-    workdir_lib.check_resume_config(str(tmp_path), base_config())
+    workdir_lib.check_resume_config(str(tmp_path), as_run(base_config()))

@@ -16,6 +16,7 @@ from test_describe_fit import ENV, ROOT, abstract_gpus, small
 from moejax import aot, cli, describe
 from moejax.aot import fit
 from moejax.errors import UserError
+from runconfig import as_run
 
 # small()'s parameters by placement under FSDP (tests/test_describe_fit.py's hand count):
 # whole on every device, the embedding 257 x 32 (257 divides by no fsdp) and three RMSNorm
@@ -39,15 +40,15 @@ def test_the_mesh_rule_keeps_an_explicit_mesh_of_the_slices_size_else_fsdp_fills
   assert fit.fit_mesh(explicit, 4) == (2, 2, 1)  # the config's own size: kept
   assert fit.fit_mesh(explicit, 8) == (1, 8, 1)
   assert fit.fit_mesh(small(fsdp=2).mesh, 2) == (1, 2, 1)  # data -1 is never kept as data
-  assert fit.on_mesh(small(), (1, 4, 2)).mesh.to_dict() == {"data": 1, "fsdp": 4, "expert": 2}
+  assert fit.on_mesh(as_run(small()), (1, 4, 2)).mesh.to_dict() == {"data": 1, "fsdp": 4, "expert": 2}
 
 
 def test_a_batch_that_does_not_divide_is_a_reason_never_a_change():
   c = small()  # batch 8
-  assert fit.batch_reason(c, (1, 8, 4)) == ""
+  assert fit.batch_reason(as_run(c), (1, 8, 4)) == ""
   c.train.grad_accum = 2
-  assert fit.batch_reason(c, (2, 2, 1)) == ""
-  assert fit.batch_reason(c, (1, 8, 1)) == "batch 8 does not divide by 16"  # 1 x 8 x 2
+  assert fit.batch_reason(as_run(c), (2, 2, 1)) == ""
+  assert fit.batch_reason(as_run(c), (1, 8, 1)) == "batch 8 does not divide by 16"  # 1 x 8 x 2
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_a_batch_that_does_not_divide_is_a_reason_never_a_change():
 def test_the_lower_bound_is_the_state_per_device_by_hand(n, kw, state):
   """Parameters and AdamW's two moments, 4 bytes each, per device on the rule's mesh."""
   c = small(**kw)
-  assert fit.state_bytes(fit.on_mesh(c, fit.fit_mesh(c.mesh, n)), abstract_gpus(n)) == state
+  assert fit.state_bytes(as_run(fit.on_mesh(c, fit.fit_mesh(c.mesh, n))), abstract_gpus(n)) == state
 
 
 def _tried(name, n, mesh, skipped="", fp=None) -> fit.Tried:
@@ -89,7 +90,7 @@ def test_the_table_rows_and_summary():
     "no slice up to v5e:16x16 fits (1 compiled, 1 skipped)"
   )
   assert fit.shown([skip, row]) is row and fit.shown([skip, big]) is big and not fit.shown([skip])
-  lines = fit.format_intro(small(), "h100").splitlines()
+  lines = fit.format_intro(as_run(small()), "h100").splitlines()
   assert lines[0].endswith(", h100:1 up to h100:64x8;") and all(len(x) <= 100 for x in lines)
   assert "FSDP fills each slice (the config's: -1×1×1)" in lines[1]
 
@@ -133,7 +134,7 @@ def test_tpu_search_stops_at_the_first_size_that_fits(libtpu):
   c = small()
   c.model.moe.impl = "ragged"
   lines = []
-  tried = describe.fit_search(c, "tpu-v5e", lines.append)
+  tried = describe.fit_search(as_run(c), "tpu-v5e", lines.append)
   assert [t.name for t in tried] == ["v5e:1x1"] and tried[0].fits and tried[0].seconds > 0
   assert tried[0].footprint.params == 4 * (WHOLE + ATTN + ROUTER + EXPERTS)
   text = "\n".join(lines)
@@ -147,7 +148,7 @@ def test_tpu_search_skips_sizes_the_state_cannot_fit_then_compiles(libtpu):
   c = small()
   c.model.update(vocab_size=1 << 21, d_model=1024)
   c.model.moe.impl = "ragged"
-  one, four = fit.search(c, "tpu-v5e")
+  one, four = fit.search(as_run(c), "tpu-v5e")
   assert one.skipped.startswith("state alone needs 24.0") and one.footprint is None
   assert four.name == "v5e:2x2" and four.mesh == (1, 4, 1) and four.fits, fit.format_row(four)
   assert four.footprint.params >= (1 << 21) * 1024 * 4 // 4
@@ -185,7 +186,7 @@ def test_olmoe_twin_compiles_scanned_for_a_v5e_4x4_with_remat():
   _require(aot.libtpu_available(), "MOEJAX_REQUIRE_TPU", "tpu")
   c = olmoe(remat="full")
   c.mesh.update(data=1, fsdp=16, expert=1)
-  assert_scanned_fit(aot.footprint(c, aot.tpu_target("v5e:4x4"), "olmoe"), 16)
+  assert_scanned_fit(aot.footprint(as_run(c), aot.tpu_target("v5e:4x4"), "olmoe"), 16)
 
 
 @pytest.mark.full
@@ -193,7 +194,7 @@ def test_olmoe_twin_compiles_scanned_for_8_h100():
   _require(aot.cuda_available(), "MOEJAX_REQUIRE_GPU", "cuda")
   c = olmoe()
   c.mesh.update(data=1, fsdp=8, expert=1)
-  assert_scanned_fit(aot.footprint(c, aot.gpu_target("h100:8"), "olmoe"), 16)
+  assert_scanned_fit(aot.footprint(as_run(c), aot.gpu_target("h100:8"), "olmoe"), 16)
 
 
 # configs/full/qwen3_moe.py (48 layers, 128 experts of 768, d_model 2,048) at batch 256 with
@@ -219,6 +220,6 @@ def test_qwen3_twin_compiles_scanned_at_its_fits_with_remat(platform, size, mesh
     _require(aot.libtpu_available(), "MOEJAX_REQUIRE_TPU", "tpu")
   else:
     _require(aot.cuda_available(), "MOEJAX_REQUIRE_GPU", "cuda")
-  tried = fit.try_size(qwen3(), platform, size)
+  tried = fit.try_size(as_run(qwen3()), platform, size)
   assert not tried.skipped and tried.mesh == mesh, tried
   assert_scanned_fit(tried.footprint, 48)

@@ -12,11 +12,11 @@ from failure_helpers import TINY_RUN, fast_compiles, metric_rows, tiny  # noqa: 
 from flax import nnx
 from tiers import FULL
 
-from moejax import build
 from moejax.nn.model import ModelConfig, Transformer
 from moejax.nn.moe import MoEConfig
 from moejax.sizing import flops
 from moejax.training import trainer
+from runconfig import as_run
 
 SEQ_LEN = 7
 
@@ -123,11 +123,11 @@ def test_perf_metrics_arithmetic():
 @FULL
 def test_training_rows_have_tflops_and_no_mfu_on_cpu(tmp_path):
   c = tiny(TINY_RUN, data__seq_len=32, train__progress=False, train__steps=3)
-  trainer.train(c, str(tmp_path), log=lambda *a: None)
+  trainer.train(as_run(c), str(tmp_path), log=lambda *a: None)
   rows = metric_rows(str(tmp_path))
   assert [r["step"] for r in rows] == [1, 2, 3]
   resolved = json.loads((tmp_path / "config.json").read_text())["resolved"]
-  mc = build.model_config(c, resolved["vocab_size"])
+  mc = as_run(c).with_vocab(resolved["vocab_size"]).model
   per_token = flops.training_flops_per_token(mc, 32).at()
   for r in rows:
     assert flops.MFU_METRIC not in r

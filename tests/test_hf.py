@@ -22,7 +22,6 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 from tiers import FULL
 
-from moejax import build
 from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.hf import runstate
@@ -32,6 +31,7 @@ from moejax.nn import stack
 from moejax.nn.model import layer_segments
 from moejax.nn.overrides import Overrides
 from moejax.training import workdir as workdir_lib
+from runconfig import as_data, as_run
 
 V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
 COMMON = {
@@ -143,7 +143,7 @@ class Imported(dict):
     run = self.root / f"{fam}_{'scanned' if scan else 'unrolled'}_run"
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
     c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
-    mj = runstate.load_model(str(run), build.model_config(c, V))
+    mj = runstate.load_model(str(run), as_run(c).with_vocab(V).model)
     self[key] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
     return self[key]
 
@@ -218,7 +218,7 @@ def test_import_stacks_the_layers_it_fills(imported):
   _, unrolled, _, _ = imported["olmoe", False]
   saved = {r: json.loads((r / "config.json").read_text()) for r in (scanned, unrolled)}
   assert [saved[r]["model"]["scan_layers"] for r in (scanned, unrolled)] == [True, False]
-  mc = {r: build.model_config(workdir_lib.from_saved(saved[r]), V) for r in saved}
+  mc = {r: as_run(workdir_lib.from_saved(saved[r])).with_vocab(V).model for r in saved}
   params = {r: runstate.restore_params(str(r), runstate.abstract(mc[r])[1]) for r in saved}
   assert any(p[0] == "stacks" for p in params[scanned]) and not any(
     p[0] == "layers" for p in params[scanned]
@@ -238,7 +238,7 @@ def test_export_native_run(tmp_path, tokens):
   c = config_lib.base_config()
   c.model.update(vocab_size=V, d_model=D, n_layers=L, n_heads=4, n_kv_heads=2, d_ff=0)
   c.model.moe.update(n_experts=E, top_k=K, d_expert=16)
-  mc = build.model_config(c, V)
+  mc = as_run(c).with_vocab(V).model
   _, state = runstate.abstract(mc)
   rng = np.random.default_rng(1)
   arrays = {
@@ -301,7 +301,7 @@ def test_grid_on_imported_model(imported):
   rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
   assert [(r["k1"], r["k2"]) for r in rows] == [(4, "native"), (2, "native")]
   c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
-  data = make_data(c.data, seed=0, workdir=None)
+  data = make_data(as_data(c.data), seed=0, workdir=None)
   w = torch.as_tensor(np.concatenate(data.eval_batches(8, 4)), dtype=torch.long)
   with torch.no_grad():
     logp = torch.log_softmax(hf(w[:, :-1]).logits, -1)

@@ -12,12 +12,13 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
 )
 from jax import export
 
-from moejax import build, compat, sharding
+from moejax import compat, sharding
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
 from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
+from runconfig import as_run
 
 
 def test_every_kernel_declares_backends_modes_and_a_description():
@@ -54,8 +55,8 @@ def test_capacity_with_a_grouped_matmul_kernel_is_refused_in_one_line(impl):
 def _exported(impl: str, platform: str) -> str:
   """StableHLO of the trainer's jitted train step (tiny config), exported for `platform`."""
   c = tiny(model__moe__impl=impl)
-  run = trainer.build(c, workdir=None)
-  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
+  run = trainer.build(as_run(c), workdir=None)
+  lc = as_run(c).with_shards(sharding.data_shards(run.mesh)).loss
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   tokens = next(run.data.train_iterator())["tokens"]
   with compat.lowering_for((platform,)):

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from tiers import one_default
 
-from moejax import build, compat, sharding
+from moejax import compat, sharding
 from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.nn.losses import LossConfig
@@ -26,6 +26,7 @@ from moejax.nn.remat import REMAT_POLICIES
 from moejax.training import optim
 from moejax.training import step as step_lib
 from moejax.validate import validate
+from runconfig import as_run
 
 # XLA:CPU's default scheduler orders for concurrency and runs a checkpointed block's
 # recomputation as soon as its inputs exist, which hides what remat saves; the
@@ -79,7 +80,7 @@ def grad_temp_bytes(remat: str, scan: bool = False) -> int:
   c = config_lib.base_config()
   c.model.update(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=128, moe_every=0)
   c.model.update(remat=remat, scan_layers=scan, scan_unroll=1)  # scanned: the loop
-  cfg = build.model_config(c, vocab_size=64)
+  cfg = as_run(c).with_vocab(64).model
   graphdef, params, router = step_lib.split_model(
     nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   )
@@ -127,11 +128,11 @@ def abstract_state(scan: bool = True):
   c = config_lib.base_config()
   c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, scan_layers=scan)
   c.model.moe.update(n_experts=16, top_k=2, d_expert=32)
-  cfg = build.model_config(c, vocab_size=256)
+  cfg = as_run(c).with_vocab(256).model
   _, params, router = step_lib.split_model(
     nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   )
-  tx, _ = optim.optimizer(c)
+  tx, _ = optim.optimizer(as_run(c).optim, as_run(c).train.steps)
   return {
     "step": jax.ShapeDtypeStruct((), jnp.int32),
     "params": params,

@@ -38,6 +38,7 @@ from moejax.kernels import plans
 from moejax.kernels.native import dropless as native_dropless
 from moejax.kernels.native import loader, ops
 from moejax.kernels.plans import ExpertWeights
+from runconfig import as_run
 
 D, F = 24, 16
 TOL, TOL_BF16 = 2e-5, 2e-2
@@ -341,15 +342,15 @@ def quickstart_losses(impl: str, steps: int = 20) -> np.ndarray:
   """Per-step training loss of configs/quickstart.py with model.moe.impl=impl, same seed."""
   from failure_helpers import override
 
-  from moejax import build, cli
+  from moejax import cli
   from moejax.training import step as step_lib
   from moejax.training import trainer
 
   values = {"model.moe.impl": impl, "train.steps": steps, "wandb.mode": "disabled"}
   c = override(cli.load_file("configs/quickstart.py"), values)
-  run = trainer.build(c, None)
+  run = trainer.build(as_run(c), None)
   step = jax.jit(
-    step_lib.make_train_step(run.graphdef, run.tx, build.loss_config(c, 1), run.schedule)
+    step_lib.make_train_step(run.graphdef, run.tx, as_run(c).with_shards(1).loss, run.schedule)
   )
   it, state, losses = run.data.train_iterator(), run.state, []
   for i in range(steps):

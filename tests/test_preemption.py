@@ -25,6 +25,7 @@ from failure_helpers import (
 from tiers import FULL, one_default
 
 from moejax.training import checkpoint, trainer
+from runconfig import as_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16
@@ -98,7 +99,7 @@ def test_kill_9_at_three_points_then_rerun_matches_an_uninterrupted_run(env, tmp
   assert ref.returncode == 0, ref_err[-3000:]
   assert [r["step"] for r in metric_rows(workdir)] == list(range(1, STEPS + 1))
   same_rows(metric_rows(workdir), metric_rows(reference))
-  abstract = trainer.build(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()}), None).state
+  abstract = trainer.build(as_run(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()})), None).state
   a = checkpoint.restore(checkpoint.manager(workdir), abstract)
   b = checkpoint.restore(checkpoint.manager(reference), abstract)
   assert a[0] == b[0] == STEPS and a[2] == b[2]

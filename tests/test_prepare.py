@@ -32,11 +32,12 @@ from test_preemption import RUN, logged_steps, saving
 from launch import sky, spec
 from moejax.data import corpora, scan, shards
 from moejax.data import prepare as prepare_lib
-from moejax.data.pipeline import complete, heldout_mask, heldout_windows, make_data
+from moejax.data.pipeline import heldout_mask, heldout_windows, make_data
 from moejax.distributed import Shard
 from moejax.errors import UserError
 from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, trainer
+from runconfig import as_data, as_run
 
 QUIET = {"log": lambda *a, **k: None}
 PART = 6_000  # bytes of source text per part: several shards even for a tiny corpus
@@ -62,7 +63,7 @@ def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
     batch_size=4,
     holdout_fraction=0.2,
   )
-  return complete(ml_collections.ConfigDict({**base, **kw}))
+  return as_data(ml_collections.ConfigDict({**base, **kw}))
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +101,8 @@ def expected_windows(c, out: str, held: bool) -> np.ndarray:
 def test_prepared_windows_batches_and_state_equal_the_in_memory_path(prepared):
   c, out, manifest = prepared
   assert len(manifest["train"]["shards"]) >= 3 and manifest["heldout"]["windows"] >= 2
-  mem = make_data(with_(c, tokenizer=f"hf:{out}/tokenizer.json"), seed=7, workdir=None)
-  pre = make_data(with_(c, prepared=out), seed=7, workdir=None)
+  mem = make_data(as_data(with_(c, tokenizer=f"hf:{out}/tokenizer.json")), seed=7, workdir=None)
+  pre = make_data(as_data(with_(c, prepared=out)), seed=7, workdir=None)
   for held, a, b in ((False, mem.train_windows, pre.train_windows), (True, None, None)):
     if held:
       a, b = mem.heldout_windows, pre.heldout_windows
@@ -125,13 +126,13 @@ def test_prepared_windows_batches_and_state_equal_the_in_memory_path(prepared):
   np.testing.assert_array_equal(grid, mem.heldout_windows)
   assert vocab == mem.tokenizer.vocab_size
   # A sample as large as the train split: the BPE is the one fitted in memory on all of it.
-  bpe = make_data(c, seed=0, workdir=None).tokenizer
+  bpe = make_data(as_data(c), seed=0, workdir=None).tokenizer
   assert bpe.to_json() == open(os.path.join(out, "tokenizer.json")).read()
 
 
 def test_each_process_reads_only_the_rows_of_its_batches(prepared, monkeypatch):
   c, out, _ = prepared
-  pre = make_data(with_(c, prepared=out), seed=7, workdir=None)
+  pre = make_data(as_data(with_(c, prepared=out)), seed=7, workdir=None)
   reads = {0: [], 1: []}
   real = shards.Windows.__getitem__
   for index in (0, 1):
@@ -174,9 +175,9 @@ def test_training_on_the_prepared_copy_is_bitwise_the_in_memory_run(prepared, tm
   arms = {"memory": {"data.tokenizer": f"hf:{out}/tokenizer.json"}, "prep": {"data.prepared": out}}
   runs = {arm: str(tmp_path / arm) for arm in arms}
   for arm, values in arms.items():
-    trainer.train(override(c, values), runs[arm], **QUIET)
+    trainer.train(as_run(override(c, values)), runs[arm], **QUIET)
   same_rows(metric_rows(runs["memory"]), metric_rows(runs["prep"]))
-  abstract = trainer.build(override(c, {"data.prepared": out}), None).state
+  abstract = trainer.build(as_run(override(c, {"data.prepared": out})), None).state
   a = checkpoint.restore(checkpoint.manager(runs["memory"]), abstract)
   b = checkpoint.restore(checkpoint.manager(runs["prep"]), abstract)
   assert a[0] == b[0] == TINY["train.steps"] and a[2] == b[2]
@@ -200,15 +201,15 @@ def test_resume_on_the_prepared_path_is_bitwise(prepared, tmp_path):
   _, out, _ = prepared
   c = tiny(TINY, data__prepared=out, **prepared_keys(prepared))
   split, whole = str(tmp_path / "split"), str(tmp_path / "whole")
-  trainer.train(override(c, {"train.stop_at": 3}), split, **QUIET)
-  trainer.train(c, split, **QUIET)
-  trainer.train(c, whole, **QUIET)
+  trainer.train(as_run(override(c, {"train.stop_at": 3})), split, **QUIET)
+  trainer.train(as_run(c), split, **QUIET)
+  trainer.train(as_run(c), whole, **QUIET)
   rows_a, rows_b = metric_rows(split), metric_rows(whole)
   assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b] == list(range(1, 7))
   for key in ("loss", "lm_loss", "grad_norm", "lr", "moe/aux_loss"):  # the stop_at leg's
     assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key  # extra eval aside
   assert rows_a[-1]["eval_loss"] == rows_b[-1]["eval_loss"]
-  abstract = trainer.build(c, None).state
+  abstract = trainer.build(as_run(c), None).state
   a = checkpoint.restore(checkpoint.manager(split), abstract)
   b = checkpoint.restore(checkpoint.manager(whole), abstract)
   assert a[0] == b[0] == TINY["train.steps"] and a[2] == b[2]
@@ -258,7 +259,7 @@ def test_kill_9_on_the_prepared_path_then_rerun_matches(prepared, tmp_path):
   assert [r["step"] for r in metric_rows(workdir)] == list(range(1, steps + 1))
   same_rows(metric_rows(workdir), metric_rows(reference))
   c = tiny(TINY, **{k.replace(".", "__"): v for k, v in values.items()})
-  abstract = trainer.build(c, None).state
+  abstract = trainer.build(as_run(c), None).state
   a = checkpoint.restore(checkpoint.manager(workdir), abstract)
   b = checkpoint.restore(checkpoint.manager(reference), abstract)
   assert a[0] == b[0] == steps and a[2] == b[2]
@@ -288,7 +289,7 @@ def test_a_killed_prepare_finishes_without_redoing_finished_shards(prepared, tmp
     prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
   assert not os.path.exists(os.path.join(out, shards.MANIFEST))
   with pytest.raises(UserError, match="no manifest.json"):
-    make_data(with_(c, prepared=out), seed=0, workdir=None)
+    make_data(as_data(with_(c, prepared=out)), seed=0, workdir=None)
   done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in written[:2]}  # part 0
   monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
   manifest = prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
@@ -322,7 +323,7 @@ def one_line(fn, *needles):
 )
 def test_a_config_the_directory_was_not_prepared_with_names_both_values(prepared, kw, needles):
   c, out, _ = prepared
-  one_line(lambda: make_data(with_(c, prepared=out, **kw), seed=0, workdir=None), *needles)
+  one_line(lambda: make_data(as_data(with_(c, prepared=out, **kw)), seed=0, workdir=None), *needles)
 
 
 def copy_prepared(out: str, dest) -> str:
@@ -336,7 +337,7 @@ def copy_prepared(out: str, dest) -> str:
 def test_missing_truncated_or_unlisted_shards_name_the_file(prepared, tmp_path):
   c, out, manifest = prepared
   first = manifest["train"]["shards"][1]["file"]
-  load = lambda d: make_data(with_(c, prepared=d), seed=0, workdir=None)  # noqa: E731
+  load = lambda d: make_data(as_data(with_(c, prepared=d)), seed=0, workdir=None)  # noqa: E731
   d = copy_prepared(out, tmp_path / "missing")
   os.remove(os.path.join(d, first))
   one_line(lambda: load(d), f"{d}/{first}: missing")

@@ -25,6 +25,7 @@ from moejax.nn.routing import (
   shared_coefficient,
   validate,
 )
+from runconfig import as_run
 
 # docs/design.md §2, one row per named rule. Fields not given take the dataclass defaults
 # (lp=1.0, selection_bias=False, n_groups=topk_groups=1).
@@ -540,11 +541,11 @@ COMPOSED = {
 
 
 def _composed_rule(overrides: dict) -> MergeRule:
-  from moejax import build, config  # pylint: disable=import-outside-toplevel
+  from moejax import config  # pylint: disable=import-outside-toplevel
 
   c = config.base_config()
   c.model.moe.update(overrides)
-  return build.merge_rule(c)
+  return as_run(c).rule
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSED))

@@ -23,6 +23,7 @@ from moejax.nn.overrides import Overrides
 from moejax.training import step as step_lib
 from moejax.training import optim, trainer
 from moejax.training import workdir as workdir_lib
+from runconfig import as_run
 
 # (n_layers, first_dense, moe_every) -> layer i at (segment, row, position), by hand.
 LAYOUTS = {
@@ -269,7 +270,7 @@ def test_train_steps_with_bias_updates_equal_unrolled():
       model__moe__topk_groups=2,
       loss__bias_update_rate=0.01,
     )
-    run = trainer.build(c, None)
+    run = trainer.build(as_run(c), None)
     step = jax.jit(step_lib.make_train_step(run.graphdef, run.tx, loss_of(c), run.schedule))
     state, batches, rows = run.state, run.data.train_iterator(), []
     for i in range(3):
@@ -287,7 +288,7 @@ def test_train_steps_with_bias_updates_equal_unrolled():
 
 
 def loss_of(c):
-  return build.loss_config(c, n_shards=1)
+  return as_run(c).with_shards(1).loss
 
 
 def test_resume_in_the_other_layout_is_refused_naming_the_key(tmp_path):
@@ -296,8 +297,8 @@ def test_resume_in_the_other_layout_is_refused_naming_the_key(tmp_path):
   saved = {"model": {"scan_layers": False}}
   c = tiny(model__scan_layers=True)
   with pytest.raises(UserError, match=r"model\.scan_layers=True differs .*unrolled"):
-    workdir_lib.check_layout(saved, c, "DIR/config.json")
-  workdir_lib.check_layout(saved, tiny(model__scan_layers=False), "DIR/config.json")
+    workdir_lib.check_layout(saved, as_run(c), "DIR/config.json")
+  workdir_lib.check_layout(saved, as_run(tiny(model__scan_layers=False)), "DIR/config.json")
   assert workdir_lib.from_saved({"model": {"n_layers": 2}}).model.scan_layers is False
   assert workdir_lib.from_saved({"model": {"scan_layers": True}}).model.scan_layers is True
 

@@ -27,6 +27,7 @@ from moejax.errors import UserError
 from moejax.nn import stack
 from moejax.nn.model import layer_segments
 from moejax.training import trainer
+from runconfig import as_run
 
 SCRIPT = textwrap.dedent(r'''
   import json, sys
@@ -59,7 +60,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # Sharded, exactly as trainer.train runs it.
     shardings = sharding.state_sharding(run.state, run.mesh)
-    lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
+    lc = as_run(c).with_shards(sharding.data_shards(run.mesh)).loss
     fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
                  out_shardings=(shardings, None))
     batch = jax.device_put(tokens, sharding.batch_sharding(run.mesh))
@@ -80,7 +81,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # One device, no shardings.
     dev0 = jax.devices()[0]
-    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, build.loss_config(c, n_shards=1),
+    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, as_run(c).loss,
                                             schedule))
     ref = jax.device_put(host_state, dev0)
     ref_batch = jax.device_put(tokens, dev0)
@@ -240,14 +241,14 @@ def test_a_mesh_larger_than_this_host_is_refused_in_one_line():
   c = tiny()
   c.mesh.data = 2
   with pytest.raises(UserError) as e:
-    trainer.check_config(c)
+    trainer.check_config(as_run(c))
   assert "mesh.data" in str(e.value) and "\n" not in str(e.value)
 
 
 def _param_specs(c) -> dict[tuple, P]:
   """Parameter path (names) -> its spec on a (data 1, fsdp 2, expert 2) abstract mesh."""
   mesh = compat.abstract_mesh((1, 2, 2), sharding.AXES)
-  params = build.abstract_params(build.model_config(c, 64))
+  params = build.abstract_params(as_run(c).with_vocab(64).model)
   flat = jax.tree_util.tree_leaves_with_path(sharding.state_sharding(params, mesh))
   return {build.param_names(p): s.spec for p, s in flat}
 
@@ -268,7 +269,7 @@ def test_a_stacks_layer_axis_is_never_sharded():
     None,
     "fsdp",
   )
-  segs = layer_segments(build.model_config(c, 64))
+  segs = layer_segments(as_run(c).with_vocab(64).model)
   seen = set()
   for path, spec in unrolled.items():
     new, row = stack.scanned_path(path, segs)

@@ -33,11 +33,12 @@ from failure_helpers import (  # fast_compiles: autouse for this module
 from flax import nnx
 from tiers import FULL, one_default
 
-from moejax import build, sharding
+from moejax import sharding
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import moe_biases
 from moejax.training import checkpoint, optim, trainer
 from moejax.training import step as step_lib
+from runconfig import as_run
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 QUIET = {"log": lambda *a: None}
@@ -53,7 +54,7 @@ def tiny_config(**values) -> ml_collections.ConfigDict:
 
 def loss_config(c: ml_collections.ConfigDict, **changes) -> LossConfig:
   """The LossConfig trainer.train builds from `c` (one device: n_shards 1)."""
-  return dataclasses.replace(build.loss_config(c, n_shards=1), **changes)
+  return dataclasses.replace(as_run(c).with_shards(1).loss, **changes)
 
 
 def first_batch(run: trainer.Run) -> jax.Array:
@@ -96,7 +97,7 @@ BASE = {
 def trainer_jit(run: trainer.Run, lc: LossConfig | None = None):
   """The train step jitted exactly as trainer.train does (same executable, cache hit)."""
   c = run.config
-  tx, schedule = optim.optimizer(c)
+  tx, schedule = optim.optimizer(as_run(c).optim, as_run(c).train.steps)
   lc = lc or loss_config(c)
   shardings = sharding.state_sharding(run.state, run.mesh)
   return jax.jit(
@@ -114,7 +115,7 @@ def fresh(state):
 @pytest.fixture(scope="module")
 def base():
   """trainer.build of BASE, its first training batch and its trainer-jitted step."""
-  run = trainer.build(tiny_config(**BASE), None)
+  run = trainer.build(as_run(tiny_config(**BASE)), None)
   return run, first_batch(run), trainer_jit(run)
 
 
@@ -141,13 +142,13 @@ def resume_runs(tmp_path_factory):
   whole = str(tmp_path_factory.mktemp("whole"))
   at_n = str(tmp_path_factory.mktemp("at_n"))
   c = tiny_config(**BASE)
-  trainer.train(override(c, {"train.stop_at": N}), split, **QUIET)
+  trainer.train(as_run(override(c, {"train.stop_at": N})), split, **QUIET)
   shutil.copytree(split, at_n, dirs_exist_ok=True)  # the workdir as the first leg left it
   # As if killed after logging a step it did not checkpoint: the resumed run drops the row.
   with open(os.path.join(split, "metrics.jsonl"), "a") as f:
     f.write(json.dumps({"step": N + 1, "loss": 123.0}) + "\n")
-  trainer.train(c, split, **QUIET)  # rerunning the same command resumes
-  trainer.train(c, whole, **QUIET)
+  trainer.train(as_run(c), split, **QUIET)  # rerunning the same command resumes
+  trainer.train(as_run(c), whole, **QUIET)
   return {"config": c, "split": split, "whole": whole, "at_n": at_n}
 
 
@@ -342,7 +343,7 @@ def test_nan_raises_diverged_and_keeps_the_last_checkpoint(
 
   monkeypatch.setattr(checkpoint, "restore", poisoned_restore)
   with pytest.raises(trainer.Diverged) as info:
-    trainer.train(resume_runs["config"], workdir, **QUIET)
+    trainer.train(as_run(resume_runs["config"]), workdir, **QUIET)
   monkeypatch.undo()
   message = str(info.value)
   assert STEP_IN_MESSAGE.search(message).group(1) == str(N + 1), message
@@ -370,14 +371,14 @@ def test_huge_lr_diverges_and_the_named_checkpoint_is_good(tmp_path):
   )
   workdir = str(tmp_path / "huge_lr")
   with pytest.raises(trainer.Diverged) as info:
-    trainer.train(c, workdir, **QUIET)
+    trainer.train(as_run(c), workdir, **QUIET)
   message = str(info.value)
   bad_step = int(STEP_IN_MESSAGE.search(message).group(1))
   good_step = int(CKPT_IN_MESSAGE.search(message).group(1))
   assert good_step < bad_step, message
   steps = checkpoint.manager(workdir).all_steps()
   assert good_step in steps and max(steps) == good_step, (message, steps)
-  step, state, _ = restore(workdir, trainer.build(c, None).state, good_step)
+  step, state, _ = restore(workdir, trainer.build(as_run(c), None).state, good_step)
   assert step == good_step
   bad = [
     jax.tree_util.keystr(p)
@@ -465,12 +466,12 @@ def test_every_preset_builds_and_takes_a_train_step(path):
     "drop_policy",
   ):
     assert c.model.moe[key] == preset.model.moe[key], key
-  run = trainer.build(c, None)
+  run = trainer.build(as_run(c), None)
   model = nnx.merge(run.graphdef, run.state["params"], run.state["router"])
   assert moe_biases(model).shape[0] == 1
   assert model.cfg.moe.n_experts == preset.model.moe.n_experts
   assert model.cfg.moe.top_k == preset.model.moe.top_k
-  tx, schedule = optim.optimizer(c)
+  tx, schedule = optim.optimizer(as_run(c).optim, as_run(c).train.steps)
   lc = loss_config(c, n_shards=sharding.data_shards(run.mesh))
   train_step = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule))
   state, metrics = train_step(run.state, first_batch(run), jax.random.key(0))

@@ -76,17 +76,23 @@ def _model(model: ml_collections.ConfigDict) -> ModelConfig:
   return _section(ModelConfig, model, "model", MODEL_READ_ELSEWHERE, moe=moe)
 
 
-def resolve(c: ml_collections.ConfigDict) -> RunConfig:
-  """The RunConfig of a config, or a one-line UserError naming the first bad key."""
+def typed(c: ml_collections.ConfigDict) -> RunConfig:
+  """Every key checked and every section built, without the checks that span sections (a
+  study's base file that its sweep completes)."""
   checks.check_keys(c, base_config())
   s = {name: _section(cls, c[name], name) for name, cls in sections.RUN_SECTIONS.items()}
-  rc = RunConfig(
+  return RunConfig(
     model=_model(c.model),
     loss=_section(LossConfig, c.loss, "loss", grad_accum=c.train.grad_accum),
     data=_section(DataConfig, c.data, "data"),
     tree=c.to_dict(),
     **s,
   )
+
+
+def resolve(c: ml_collections.ConfigDict) -> RunConfig:
+  """The RunConfig of a config, or a one-line UserError naming the first bad key."""
+  rc = typed(c)
   checks.check_run(rc)
   return rc
 

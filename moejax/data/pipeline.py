@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import logging
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import grain
 import numpy as np

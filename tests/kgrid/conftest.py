@@ -39,6 +39,7 @@ from .helpers import (
   tiny_config,
   variant,
 )
+from runconfig import as_run
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -65,7 +66,7 @@ def compile_cache(tmp_path_factory):
 def trained(tmp_path_factory) -> str:
   """A 30-step mixtral run (K=4, E=8) with checkpoints at steps 15 and 30."""
   workdir = str(tmp_path_factory.mktemp("mixtral"))
-  trainer.train(tiny_config(), workdir, log=lambda *a: None)
+  trainer.train(as_run(tiny_config()), workdir, log=lambda *a: None)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["15", "30"]
   return workdir
 
@@ -175,5 +176,5 @@ def bad_runs(background):
 @pytest.fixture(scope="package")
 def restored(trained):
   c = load_config(trained)
-  ev = loading.load_run(trained, c, None)
+  ev = loading.load_run(as_run(trained), c, None)
   return c, ev, forward.CellForward(ev.graphdef, ev.params, ev.router, ev.n_moe_layers)

@@ -18,6 +18,7 @@ from flax import nnx
 from moejax import config as config_lib
 from moejax.kgrid.loading import load_config
 from moejax.training import checkpoint, trainer
+from runconfig import as_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K, E = 4, 8  # the trained top-k and expert count
@@ -261,7 +262,7 @@ def reference_cells(workdir: str, rule: str, cells, train_k=K, scales=None) -> d
   """my_forward over the grid's held-out sequences for each cell, from the latest checkpoint;
   `scales[cell]` is the per-layer routed scale of a sqrt/gain cell (run at native k2)."""
   c = load_config(workdir)
-  run = trainer.build(c, workdir)
+  run = trainer.build(as_run(c), workdir)
   _, state, _ = checkpoint.restore(checkpoint.manager(workdir), run.state)
   toks = np.concatenate([np.asarray(b) for b in run.data.eval_batches(SEQUENCES, BATCH)])
   assert toks.shape == (SEQUENCES, 33)

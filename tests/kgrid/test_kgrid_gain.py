@@ -13,6 +13,7 @@ from moejax.kgrid.loading import load_config
 from moejax.training import checkpoint, trainer
 
 from .helpers import BATCH, CALIB, RULES, SEQUENCES, K, cells_of, my_forward
+from runconfig import as_run
 
 # ---------------------------------------------------------------- gain fit, compiles, loading
 
@@ -43,7 +44,7 @@ def test_gain_cell_fitted_on_disjoint_calibration_split(mixtral_grid):
   workdir, rows = mixtral_grid
   got = cells_of(rows)[(2, "gain")]["scale_per_layer"]
   c = load_config(workdir)
-  run = trainer.build(c, workdir)
+  run = trainer.build(as_run(c), workdir)
   _, state, _ = checkpoint.restore(checkpoint.manager(workdir), run.state)
   toks = np.concatenate([np.asarray(b) for b in run.data.eval_batches(SEQUENCES + CALIB, BATCH)])
   calib = toks[SEQUENCES:]

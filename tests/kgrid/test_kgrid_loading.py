@@ -14,6 +14,7 @@ from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, trainer
 
 from .helpers import BATCH, GRID, E, K, cells_of, read
+from runconfig import as_run
 
 
 def test_one_compile_serves_every_k2_and_scale(restored):
@@ -34,7 +35,7 @@ def test_one_compile_serves_every_k2_and_scale(restored):
 def test_params_only_restore_and_heldout_match_trainer(restored, trained):
   """The evaluator's params-only restore and held-out windows equal the trainer's."""
   c, ev, _ = restored
-  run = trainer.build(c, trained)
+  run = trainer.build(as_run(c), trained)
   _, state, _ = checkpoint.restore(checkpoint.manager(trained), run.state)
   for name, tree in (("params", ev.params), ("router", ev.router)):
     want = jax.tree.leaves(nnx.to_pure_dict(state[name]))
