@@ -228,12 +228,13 @@ def run_arm(args, arm: Arm) -> dict:
   """Builds, compiles and times the arm's train step as moejax.train runs it."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from moejax import build, distributed, sharding  # pylint: disable=import-outside-toplevel
+  from moejax import distributed, sharding  # pylint: disable=import-outside-toplevel
+  from moejax.config import resolve
   from moejax.sizing import flops
   from moejax.training import trainer
 
   c = arm_config(args, arm)
-  run = trainer.build(c, workdir=None)
+  run = trainer.build(resolve(c), workdir=None)
   step_fn, _ = trainer.compile_steps(run)
   batch_sharding = sharding.batch_sharding(run.mesh)
   it = run.data.train_iterator(distributed.process_shard(batch_sharding, c.data.batch_size))
@@ -249,7 +250,7 @@ def run_arm(args, arm: Arm) -> dict:
     return box[0], metrics
 
   step_s = interleaved_min({"step": step}, args.repeats)["step"]
-  mc = build.model_config(c, run.data.tokenizer.vocab_size)
+  mc = resolve(c).with_vocab(run.data.tokenizer.vocab_size).model
   perf = flops.Perf.for_run(mc, c.data.seq_len)
   tokens_per_s = c.data.batch_size * c.data.seq_len / step_s
   metrics = flops.perf_metrics(perf, tokens_per_s)
@@ -284,16 +285,17 @@ def compile_target(descriptor: str):
 def compile_arm(args, arm: Arm) -> dict:
   """The arm's train step compiled for `--compile-only`'s devices (`aot.footprint`): its
   per-device bytes and the kernels it holds, nothing run."""
-  from moejax import aot, build  # pylint: disable=import-outside-toplevel
+  from moejax import aot  # pylint: disable=import-outside-toplevel
+  from moejax.config import resolve
   from moejax.sizing import flops, worksheet
 
   c = arm_config(args, arm)
   target = compile_target(args.compile_only)
   t = time.perf_counter()
-  fp = aot.footprint(c, target, arm.name)
+  fp = aot.footprint(resolve(c), target, arm.name)
   compile_s = time.perf_counter() - t
-  run = aot.abstract_run(c, target).run
-  mc = build.model_config(c, worksheet.nominal_vocab(c)[0])
+  run = aot.abstract_run(resolve(c), target).run
+  mc = resolve(c).with_vocab(worksheet.nominal_vocab(resolve(c))[0]).model
   return {
     **arm.to_json(),
     "d_ff": mc.d_ff if arm.model == "dense" else 0,

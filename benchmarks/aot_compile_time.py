@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+from moejax.config import resolve
 from moejax import aot, cli
 from moejax.aot import programs
 
@@ -109,7 +110,7 @@ def measure(c, target, args) -> dict:
   """Lowers and compiles the train step of `c` for `target`; prints and returns its figures."""
 
   def lower():  # traced as `describe` and the precheck trace it (`programs.footprint`)
-    return programs.lower_train_step(programs.abstract_run(c, target), target)
+    return programs.lower_train_step(programs.abstract_run(resolve(c), target), target)
 
   lowered, lower_cpu, lower_wall = _timed(lower)
   compiled, compile_cpu, compile_wall = _timed(lambda: target.compile(lowered))

@@ -22,9 +22,11 @@ import subprocess
 import sys
 import time
 
-import ml_collections
+import dataclasses
 
-from moejax import build, cli
+from moejax import cli
+from moejax.config import resolve
+from moejax.data.config import DataConfig
 from moejax.data import corpora, pipeline
 from moejax.data import prepare as prepare_lib
 from moejax.distributed import Shard
@@ -39,11 +41,10 @@ V5E_PEAK, CHIPS_PER_HOST = 197e12, 4  # bf16 FLOP/s per v5e chip; a v5e-16 host 
 UNITS = {"iter_full_batch": "iter_full_batch_tok_s", "iter_per_host": "iter_per_host_tok_s"}
 
 
-def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
-
-  c = cli.load_file(PRESET).data
-  c.update(paths=paths, **kw)
-  return c
+def data_cfg(paths: str, **kw) -> DataConfig:
+  c = cli.load_file(PRESET)
+  c.data.update(paths=paths, **kw)
+  return resolve(c).data
 
 
 def write_corpus(folder: str, mb: int) -> str:
@@ -98,7 +99,7 @@ def arm(args) -> dict:
       "sample_bytes": m["tokenizer"]["sample_bytes"],
     }
   if args.arm == "prepared":
-    c.prepared = args.out
+    c = dataclasses.replace(c, prepared=args.out)
   data = pipeline.make_data(c, seed=0, workdir=None)
   out = {"seconds": time.perf_counter() - t0, "rss_mb": peak_rss_mb()}
   out["iter_full_batch"] = iterate(data, data.batch_size, 20)  # one process, 256 rows
@@ -148,7 +149,7 @@ def c_default_sample() -> int:
 def preset_tokens_per_host(mfu: float) -> float:
 
   c = cli.load_file(PRESET)
-  per_token = flops.training_flops_per_token(build.model_config(c, 32768), c.data.seq_len).at()
+  per_token = flops.training_flops_per_token(resolve(c).with_vocab(32768).model, c.data.seq_len).at()
   return mfu * V5E_PEAK * CHIPS_PER_HOST / per_token
 
 

@@ -18,7 +18,6 @@ import time
 import jax
 import numpy as np
 
-from moejax import build
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import loading
 from moejax.kgrid.forward import CellForward
@@ -66,12 +65,12 @@ def main() -> None:
   ap.add_argument("--result", default="kgrid_compiles", help="benchmarks/results/<NAME>.json")
   args = ap.parse_args()
   jax.monitoring.register_event_duration_secs_listener(_listen)
-  c = loading.load_config(args.workdir)
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  rc = loading.load_config(args.workdir)
+  K, E = rc.moe.top_k, rc.moe.n_experts
   k1s = cells_lib.parse_k1(args.k1, K, E)
-  norm = build.moe_config(c).merge_rule.norm != "none"
+  norm = rc.rule.norm != "none"
   cells, _ = cells_lib.cells(k1s, cells_lib.parse_k2(args.k2, K, E, k1s), K, E, normalizes=norm)
-  ev = loading.load_run(args.workdir, c, None)
+  ev = loading.load_run(args.workdir, rc, None)
   w = ev.heldout_NxL1[: args.sequences]
   batches = [w[i : i + args.batch_size] for i in range(0, len(w), args.batch_size)]
   state = {"params": ev.params, "router": ev.router}

@@ -18,6 +18,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax
 
+from moejax.config import resolve
 from moejax import config as config_lib
 from moejax import sharding
 from moejax.training import trainer
@@ -34,7 +35,7 @@ def temporaries_mib(scan: bool, remat: str) -> float:
   c.data.update(corpus="synthetic", synthetic_docs=200, batch_size=32, seq_len=128)
   c.mesh.update(data=1, fsdp=8)
   c.wandb.mode = "disabled"
-  run = trainer.build(c, None)
+  run = trainer.build(resolve(c), None)
   train_step, _ = trainer.compile_steps(run)
   tokens = jax.ShapeDtypeStruct(
     (32, 129), jax.numpy.int32, sharding=sharding.batch_sharding(run.mesh)

@@ -50,6 +50,7 @@ def compiled_cost(fn, args) -> tuple[float, int, list[str]]:
 def train_steps(topology: str, impls: list[str], result: str, sets: list[str]) -> None:
   """The TPU preset's train step compiled per impl: FLOPs and bytes per device."""
   from moejax import aot, cli  # pylint: disable=import-outside-toplevel  (the tpu extra's)
+  from moejax.config import resolve
 
   target = aot.tpu_target(topology)
   print(f"configs/study_calibration.py:tpu train step on {topology} ({target.hbm_source})")
@@ -62,7 +63,7 @@ def train_steps(topology: str, impls: list[str], result: str, sets: list[str]) -
     for assignment in sets:
       _set(c, assignment)
     t = time.perf_counter()
-    compiled = aot.lower_train_step(aot.abstract_run(c, target), target).compile()
+    compiled = aot.lower_train_step(aot.abstract_run(resolve(c), target), target).compile()
     seconds = time.perf_counter() - t
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

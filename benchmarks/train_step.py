@@ -24,7 +24,8 @@ import jax
 sys.path.insert(0, os.path.dirname(__file__))
 from common import interleaved_min, write_result
 
-from moejax import build, sharding
+from moejax.config import resolve
+from moejax import sharding
 from moejax.training import step as step_lib
 from moejax.training import trainer
 
@@ -94,8 +95,8 @@ def step_and_args(c) -> tuple:
   """(run, train step, its arguments) of config `c`, built fresh: the step moejax.train
   runs, on the first batch, traced under the run's mesh as the trainer traces it
   (`sharding.tracing_mesh`: kernels are traced for the mesh's platform only)."""
-  run = trainer.build(c, workdir=None)
-  lc = build.loss_config(c, n_shards=sharding.data_shards(run.mesh))
+  run = trainer.build(resolve(c), workdir=None)
+  lc = resolve(c).with_shards(sharding.data_shards(run.mesh)).loss
   step_fn = step_lib.make_train_step(run.graphdef, run.tx, lc, run.schedule)
   step_fn = sharding.tracing_mesh(step_fn, run.mesh)
   return run, step_fn, (run.state, next(run.data.train_iterator())["tokens"], jax.random.key(0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import itertools
 import pathlib
+import re
 from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -310,3 +311,34 @@ def test_kgrid_cells_imports_nothing_heavy():
   external = {t.split(".")[0] for name in seen for i in imports_of(files[name]) for t in i.targets}
   assert seen >= {"moejax.kgrid", "moejax.kgrid.cells", "moejax.kgrid.gain"}
   assert not external & set(HEAVY), (sorted(seen), sorted(external & set(HEAVY)))
+
+
+# The ConfigDict is the user-facing form (config files, `--config.a.b=v`, config.json): the
+# config package reads it once (`config.resolve`), the CLI plumbing and the entry points hand
+# it over; every other module takes the typed RunConfig or one of its sections.
+CONFIGDICT_MODULES = (
+  "moejax/config/",
+  "moejax/cli.py",
+  "moejax/validate.py",
+  "moejax/train.py",
+  "moejax/prepare.py",
+  "moejax/describe.py",
+)
+SECTION_READ = re.compile(r"\bc\.(train|optim|data|eval|mesh|wandb|model|loss)\.")
+
+
+def test_only_the_config_package_reads_a_configdict():
+  offenders = []
+  for path in package_files().values():
+    rel = str(path.relative_to(REPO))
+    if rel.startswith(CONFIGDICT_MODULES):
+      continue
+    for i in imports_of(path):
+      if any(t.split(".")[0] == "ml_collections" for t in i.targets):
+        offenders.append(f"{rel}:{i.line}: {i.statement}")
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+      if SECTION_READ.search(line):
+        offenders.append(f"{rel}:{n}: {line.strip()}")
+  assert not offenders, "ConfigDict reads outside moejax/config (take the RunConfig):\n" + "\n".join(
+    offenders
+  )
