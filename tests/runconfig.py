@@ -3,9 +3,12 @@ RunConfig (`moejax.config.resolve`) and DataConfig. These turn one into the othe
 
 from __future__ import annotations
 
+import dataclasses
+
 from moejax import config
 from moejax.config import RunConfig
 from moejax.data.config import DataConfig
+from moejax.errors import UserError
 
 
 def as_run(c) -> RunConfig:
@@ -14,5 +17,12 @@ def as_run(c) -> RunConfig:
 
 
 def as_data(d) -> DataConfig:
-  """A `data` section (ConfigDict or dict, all keys or some) as its DataConfig."""
-  return d if isinstance(d, DataConfig) else DataConfig(**dict(d))
+  """A `data` section (ConfigDict or dict, all keys or some, the rest their defaults) as its
+  DataConfig; an unknown key is the UserError `config.resolve` gives it."""
+  if isinstance(d, DataConfig):
+    return d
+  names = {f.name for f in dataclasses.fields(DataConfig)}
+  for key in dict(d):
+    if key not in names:
+      raise UserError(f"unknown config key data.{key}; see docs/config.md for the keys")
+  return DataConfig(**dict(d))

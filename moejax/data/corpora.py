@@ -334,14 +334,14 @@ class Corpus(NamedTuple):
 
 def _files_corpus(d: Any, max_docs: int) -> tuple[list[str], CorpusInfo]:
   """`load_files` with the data.* keys of the `files` corpus."""
-  return load_files(d["paths"], d["format"], d["jsonl_key"], d["text_docs"], max_docs)
+  return load_files(d.paths, d.format, d.jsonl_key, d.text_docs, max_docs)
 
 
 # data.corpus values: adding a corpus is one entry here.
 CORPORA: dict[str, Corpus] = {
   "stdlib": Corpus(lambda data_cfg, max_docs: load_stdlib(max_docs)),
   "synthetic": Corpus(
-    lambda d, max_docs: load_synthetic(d["synthetic_docs"], d["synthetic_seed"], max_docs)
+    lambda d, max_docs: load_synthetic(d.synthetic_docs, d.synthetic_seed, max_docs)
   ),
   "files": Corpus(_files_corpus, paths=lambda data_cfg: data_cfg.paths),
 }

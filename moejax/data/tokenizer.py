@@ -235,7 +235,7 @@ def build_bpe(inputs: TokenizerInputs) -> BPETokenizer:
   every process loads it."""
   data_cfg = inputs.data_cfg
   vocab_size = check_vocab_size(data_cfg.bpe_vocab_size)
-  split = f"{data_cfg.get('holdout_fraction', 0.02)}|{data_cfg.get('split_seed', 0)}"
+  split = f"{data_cfg.holdout_fraction}|{data_cfg.split_seed}"
   if inputs.workdir is None:
     return BPETokenizer.train(inputs.train_docs, vocab_size)
   name = f"{bpe_cache_key(inputs.corpus_sha, vocab_size, split)}.json"
