@@ -18,9 +18,9 @@ OPTIONS: dict[str, dict[str, bool | int | str]] = {
   # A scan's stacked outputs (the layer loop's residuals, the backward's stacked gradients)
   # are zero-initialized by JAX (`_empty_array` in jax/_src/lax/control_flow/loops.py). This
   # XLA:GPU pass, off by default, hands such a buffer over uninitialized when every trip of
-  # the loop overwrites its row (openxla/xla, dus_accumulator_zero_init_elimination.cc):
-  # the GPU preset's step on 8 x H100 zero-fills 69 MiB per step with it, 14,330 without
-  # (`benchmarks/aot_compile_time.py --hlo-stats`, docs/performance.md). XLA:TPU does it by
+  # the loop overwrites its row (openxla/xla, dus_accumulator_zero_init_elimination.cc), so
+  # a scanned step no longer zero-fills its stacked residuals every step (the bytes:
+  # `benchmarks/aot_compile_time.py --hlo-stats`, docs/performance.md). XLA:TPU does it by
   # default; XLA:CPU has no such pass.
   "gpu": {"xla_gpu_enable_dus_accumulator_zero_init_elimination": True},
 }

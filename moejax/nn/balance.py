@@ -41,12 +41,6 @@ def balance_fractions(counts_E: jax.Array, n_tokens: int | jax.Array, convention
   return counts_E / jnp.maximum(denom, 1.0)
 
 
-def assignment_fractions(assign_BxLxE: jax.Array) -> jax.Array:
-  """Global fraction f_E of assignments per expert (sums to 1), for accumulation by the trainer."""
-  counts_E = assign_BxLxE.reshape(-1, assign_BxLxE.shape[-1]).sum(0)
-  return balance_fractions(counts_E, 0, "fraction")
-
-
 class BalanceSums(NamedTuple):
   """Per-sequence sums one MoE layer's balance loss is computed from, over its tokens' leading
   shape less the last axis (a model's [B]; [] for a flat [T] call): `balance_sums`."""

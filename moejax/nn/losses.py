@@ -55,7 +55,7 @@ def _token_nll_fwd(logits_NxV, targets_N):
   """The loss and its logits gradient, tied by an optimization barrier: the backward needs
   the gradient first, so the loss cannot be scheduled after the backward layer loop, which
   would keep the [tokens, vocab] logits alive through it (XLA:TPU did so with scanned
-  layers: 1.07 GiB more per v5e chip for the TPU preset, docs/design.md §5)."""
+  layers; the bytes: docs/design.md §5)."""
   x_NxV = logits_NxV
   lse_N = jax.nn.logsumexp(x_NxV, axis=-1)
   nll_N = lse_N - jnp.take_along_axis(x_NxV, targets_N[:, None], axis=-1)[:, 0]

@@ -71,10 +71,8 @@ class ModelConfig:
   )
   scan_unroll: int = key(
     -1,
-    "periods of layers per trip of a layer scan (lax.scan's unroll); 0: each scan unrolled"
-    " whole, no loop: the unrolled program's step time and compile time over the scanned"
-    " layout's stacked parameters and checkpoint format; -1: 0 for a CPU program with remat"
-    " none, else 1 (model.auto_unroll; docs/performance.md)",
+    "periods of layers per trip of a layer scan; 0: no loop (each scan written out whole);"
+    " -1: 0 on CPU with remat none, else 1 (docs/performance.md)",
     ge=-1,
   )
   not_modelled: str = key(
@@ -159,7 +157,7 @@ class Block(nnx.Module):
   def __call__(
     self, x_BxLxD, positions_BxL, *, train: bool = False, rng=None, ov: Overrides = NO_OVERRIDES
   ) -> tuple[jax.Array, RouterOut | None]:
-    """`ov`: this layer's overrides (`Overrides.row`), read by an MoE block only."""
+    """`ov`: this layer's overrides (the per-layer rows, `Overrides.rows`); MoE blocks read them."""
     x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
@@ -324,11 +322,10 @@ def _stack(seg: stack.Segment, blocks: list[Block]) -> Stack:
 
 def auto_unroll(remat_policy: str, platform: str) -> int:
   """`model.scan_unroll=-1`'s value: 0 (no loop) for a CPU program without remat, else 1.
-  XLA:CPU's loop costs the study shape's step 6-16 % against the unrolled program, MoE and
-  dense alike, and saves no compile time at its depth; on TPU and GPU the loop keeps the
-  compile from growing with depth. A remat policy keeps the loop on CPU too: written out
-  whole, the stacked layout's gradient keeps most of what remat frees (`full`: 23.7 MB of
-  temporaries against 10.5 looped and 10.9 unrolled; docs/performance.md)."""
+  XLA:CPU's while loop slows the step and saves no compile time at shallow depth; on TPU and
+  GPU the loop keeps the compile from growing with depth; with a remat policy the loop keeps
+  what remat frees, which the stack written out whole mostly does not (the figures:
+  benchmarks/results/scan_layers.json, docs/performance.md)."""
   return 0 if platform == "cpu" and remat_policy == "none" else 1
 
 

@@ -45,9 +45,5 @@ class Overrides:
     m = jnp.asarray(m, jnp.int32) if not isinstance(m, int) else m
     return tuple(None if a is None else a[m] for a in self.per_layer())
 
-  def row(self, m: int) -> Overrides:
-    """The overrides of MoE layer `m` alone."""
-    return self.with_per_layer(*self.rows(m))
-
 
 NONE = Overrides()
