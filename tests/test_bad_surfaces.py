@@ -39,7 +39,6 @@ DATA = dict(tokenizer="bpe", bpe_vocab_size=300, seq_len=16, holdout_fraction=0.
 # A config file that imports nothing of the model: moejax.prepare reads its data section.
 LIGHT_CONFIG = """
 import ml_collections
-from runconfig import as_data
 def get_config():
   return ml_collections.ConfigDict({{"data": {data!r}}})
 """

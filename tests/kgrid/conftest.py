@@ -176,5 +176,5 @@ def bad_runs(background):
 @pytest.fixture(scope="package")
 def restored(trained):
   c = load_config(trained)
-  ev = loading.load_run(as_run(trained), c, None)
+  ev = loading.load_run(trained, c, None)
   return c, ev, forward.CellForward(ev.graphdef, ev.params, ev.router, ev.n_moe_layers)
