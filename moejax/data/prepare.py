@@ -29,7 +29,7 @@ import numpy as np
 
 from moejax import runio
 from moejax.data import outdir, pipeline, scan, shards, stream
-from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
+from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, Tokenizer, build_tokenizer
 from moejax.errors import UserError
 
 PART_BYTES = 64_000_000  # source text per part (one train and one held-out shard each)
@@ -37,14 +37,11 @@ STATE = outdir.STATE
 
 
 def make_tokenizer(data_cfg: Any, out: str, sample: list[str], resume: bool) -> Tokenizer:
-  """`byte`, `hf:PATH`, or a BPE: the one a previous run of this prepare saved in `out`
-  (`resume`), else fitted on `sample` in memory (`save_tokenizer` writes it once the plan
-  is recorded)."""
-  name, _, arg = data_cfg["tokenizer"].partition(":")
-  if name == "byte":
-    return ByteTokenizer()
-  if name == "hf":
-    return HFTokenizer(arg)
+  """`byte` or a pretrained file (`hf:`, `sp:`, `tiktoken:`), or a BPE: the one a previous
+  run of this prepare saved in `out` (`resume`), else fitted on `sample` in memory
+  (`save_tokenizer` writes it once the plan is recorded)."""
+  if data_cfg["tokenizer"] != "bpe":
+    return build_tokenizer(data_cfg, [], "", None, is_main=lambda: True, barrier=lambda _: None)
   p = runio.path(out, shards.TOKENIZER)
   if resume and p.exists():
     return BPETokenizer.load(str(p))
@@ -59,10 +56,8 @@ def make_tokenizer(data_cfg: Any, out: str, sample: list[str], resume: bool) -> 
 def save_tokenizer(tok: Tokenizer, out: str) -> str | None:
   """The sha256 of the tokenizer's file (None for `byte`); a fitted BPE is written first as
   `tokenizer.json` (+ `tokenizer_config.json`, so `data.tokenizer=hf:DIR` reads it too)."""
-  if isinstance(tok, HFTokenizer):
-    return tok.describe()["sha256"]
   if not isinstance(tok, BPETokenizer):
-    return None
+    return tok.describe().get("sha256")
   p = runio.path(out, shards.TOKENIZER)
   if not p.exists():
     tok.save(str(p))
