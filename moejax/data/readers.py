@@ -9,10 +9,10 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
-import io
 import json
 import lzma
 import os
+import zlib
 import tempfile
 from collections.abc import Iterator
 from typing import IO, Callable, NamedTuple
@@ -31,7 +31,6 @@ except ImportError:  # pragma: no cover - the test extra installs it
   pa = pq = None
 
 TEXT_DOCS = ("file", "paragraph")
-BATCH_ROWS = 1024  # rows per Arrow record batch read from a Parquet row group
 
 
 class FileOptions(NamedTuple):
@@ -41,19 +40,45 @@ class FileOptions(NamedTuple):
   text_docs: str = "file"
 
 
-def _zstd(raw: IO[bytes]) -> IO[bytes]:
-  reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-  return io.BufferedReader(reader)
+CHUNK = 1 << 20  # bytes read from a file at a time
 
 
-# suffix -> a streamed decompressing reader over the raw (compressed) stream
-COMPRESSIONS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
-  ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+def _zstd(raw: IO[bytes]) -> Iterator[bytes]:
+  """Decompressed chunks of a zstd stream of one or more frames; a last frame that does not
+  end (a truncated file) raises, where `stream_reader` would end quietly."""
+  dctx = zstandard.ZstdDecompressor()
+  obj, started = dctx.decompressobj(), False
+  while data := raw.read(CHUNK):
+    while data:
+      started = True
+      if out := obj.decompress(data):
+        yield out
+      data = b""
+      if obj.eof:
+        data, obj, started = obj.unused_data, dctx.decompressobj(), False
+  if started:
+    raise zstandard.ZstdError("the file ends inside a zstd frame")
+
+
+def _stdlib(opener: Callable[[IO[bytes]], IO[bytes]]) -> Callable[[IO[bytes]], Iterator[bytes]]:
+  """The decompressed chunks of a stdlib codec's file object over the raw stream."""
+
+  def chunks(raw: IO[bytes]) -> Iterator[bytes]:
+    with opener(raw) as f:
+      while data := f.read(CHUNK):
+        yield data
+
+  return chunks
+
+
+# suffix -> the decompressed chunks of the raw (compressed) stream, streamed
+COMPRESSIONS: dict[str, Callable[[IO[bytes]], Iterator[bytes]]] = {
+  ".gz": _stdlib(lambda raw: gzip.GzipFile(fileobj=raw, mode="rb")),
   ".zst": _zstd,
-  ".bz2": lambda raw: bz2.BZ2File(raw, mode="rb"),
-  ".xz": lambda raw: lzma.LZMAFile(raw, mode="rb"),
+  ".bz2": _stdlib(lambda raw: bz2.BZ2File(raw, mode="rb")),
+  ".xz": _stdlib(lambda raw: lzma.LZMAFile(raw, mode="rb")),
 }
-_CORRUPT = (OSError, EOFError, zstandard.ZstdError, lzma.LZMAError, ValueError)
+_CORRUPT = (OSError, EOFError, zlib.error, zstandard.ZstdError, lzma.LZMAError, ValueError)
 
 
 def compression(path: str) -> str:
@@ -78,12 +103,22 @@ def lines(path: str) -> Iterator[bytes]:
     if not kind:
       yield from raw
       return
-    try:
-      with COMPRESSIONS[kind](raw) as f:
-        while line := f.readline():
-          yield line
-    except _CORRUPT as e:
-      raise _corrupt(path, raw, e) from None
+    chunks, tail = COMPRESSIONS[kind](raw), []
+    while True:
+      try:
+        data = next(chunks, None)
+      except _CORRUPT as e:
+        raise _corrupt(path, raw, e) from None
+      if data is None:
+        break
+      *done, rest = data.split(b"\n")
+      if done:  # the line held over ends here
+        yield b"".join([*tail, done[0], b"\n"])
+        yield from (line + b"\n" for line in done[1:])
+        tail = []
+      tail.append(rest)
+    if b"".join(tail):
+      yield b"".join(tail)
 
 
 def _decode(data: bytes, where: str) -> str:
@@ -165,7 +200,8 @@ def _arrow_error(path: str, what: str, e: BaseException) -> UserError:
 
 
 def read_parquet(path: str, key: str = "text") -> Iterator[str]:
-  """Column `key` of a Parquet file, streamed a row group at a time."""
+  """Column `key` of a Parquet file, read one row group at a time (`iter_batches` reads a
+  Python file object whole before its first batch)."""
   _need_pyarrow(path)
   with filesystem.open_binary(path) as f:
     try:
@@ -173,8 +209,8 @@ def read_parquet(path: str, key: str = "text") -> Iterator[str]:
     except (pa.ArrowException, OSError) as e:
       raise _arrow_error(path, "Parquet", e) from None
     _text_column(path, pf.schema_arrow, key)
-    batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=[key])
-    yield from _docs(path, key, (b.column(0) for b in batches))
+    groups = (pf.read_row_group(i, columns=[key]) for i in range(pf.num_row_groups))
+    yield from _docs(path, key, (chunk for g in groups for chunk in g.column(0).chunks))
 
 
 def read_arrow(path: str, key: str = "text") -> Iterator[str]:
