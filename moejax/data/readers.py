@@ -272,7 +272,12 @@ READERS: dict[str, Callable[[str, FileOptions], Iterator[str]]] = {
 }
 FORMATS = ("auto", *READERS)
 # `auto`: the format of a file by its name, compression suffix removed ('' = text)
-SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".arrayrecord": "arrayrecord"}
+SUFFIXES = {
+  ".jsonl": "jsonl",
+  ".parquet": "parquet",
+  ".arrow": "arrow",
+  ".arrayrecord": "arrayrecord",
+}
 
 
 def file_format(path: str, fmt: str) -> str:

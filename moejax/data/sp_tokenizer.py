@@ -18,7 +18,8 @@ def read_model(path: str) -> bytes:
   try:
     return runio.path(path).read_bytes()
   except (OSError, ValueError) as e:
-    raise UserError(f"data.tokenizer: {path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    why = getattr(e, "strerror", None) or e
+    raise UserError(f"data.tokenizer: {path}: cannot read ({why})") from None
 
 
 class SentencePieceTokenizer:
