@@ -21,7 +21,7 @@ import zstandard
 
 from tiers import FULL
 
-from moejax.data import corpora, filesystem, readers
+from moejax.data import corpora, filesystem, readers, shards
 from moejax.data import prepare as prepare_lib
 from moejax.data.pipeline import complete, heldout_mask, make_data
 from moejax.errors import UserError
@@ -284,3 +284,34 @@ def test_prepare_cli_refuses_a_bad_corpus_in_one_line_and_writes_nothing(tmp_pat
   assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
   assert "no column 'text'" in proc.stderr and "'body'" in proc.stderr
   assert not out.exists() or not os.listdir(out)
+
+
+class Killed(Exception):
+  pass
+
+
+def test_a_killed_parquet_prepare_resumes_from_its_last_finished_part(
+  formats, prepared, tmp_path, monkeypatch
+):
+  """As tests/test_prepare.py's killed prepare, on the Parquet reader: the rerun keeps the
+  finished part's shards and ends with the uninterrupted prepare's shards."""
+  c, out = files_cfg(formats["parquet"]), str(tmp_path / "out")
+  real, written = shards.write_shard, []
+
+  def dies_at_the_fourth(directory, name, w):
+    if len(written) == 3:
+      raise Killed(name)
+    written.append(name)
+    return real(directory, name, w)
+
+  monkeypatch.setattr(shards, "write_shard", dies_at_the_fourth)
+  with pytest.raises(Killed):
+    prepare_lib.prepare(c, out, part_bytes=8_000, **QUIET)
+  done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in written[:2]}  # part 0
+  monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
+  manifest = prepare_lib.prepare(c, out, part_bytes=8_000, **QUIET)
+  assert written[3:] and "train-00000.array_record" not in written[3:]
+  assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in done} == done
+  ref = shards.read_manifest(prepared["parquet"])
+  for split in shards.SPLITS:
+    assert manifest[split] == ref[split]
