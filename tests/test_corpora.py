@@ -21,7 +21,7 @@ import zstandard
 
 from tiers import FULL
 
-from moejax.data import corpora, filesystem, readers, shards
+from moejax.data import corpora, filesystem, readers, shards, stream
 from moejax.data import prepare as prepare_lib
 from moejax.data.pipeline import complete, heldout_mask, make_data
 from moejax.errors import UserError
@@ -315,3 +315,14 @@ def test_a_killed_parquet_prepare_resumes_from_its_last_finished_part(
   ref = shards.read_manifest(prepared["parquet"])
   for split in shards.SPLITS:
     assert manifest[split] == ref[split]
+
+
+def test_a_manifest_written_with_jsonl_key_is_read_as_text_key():
+  """Prepared directories from before the rename record `data.jsonl_key`: the same value
+  is accepted, another one is named."""
+  c = files_cfg("a.jsonl")
+  manifest = {"data": {**stream.content_config(c), "jsonl_key": "text"}}
+  del manifest["data"]["text_key"]
+  stream.check_config(c, manifest, "old")  # accepted
+  manifest["data"]["jsonl_key"] = "body"
+  one_line(lambda: stream.check_config(c, manifest, "old"), "data.text_key='text'", "'body'")
