@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 from moejax.data.filesystem import expand_paths
 from moejax.data.readers import TEXT_DOCS, FileOptions, read_file
 from moejax.errors import UserError, check_choice
+
 STDLIB_EXCLUDE = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 
 
