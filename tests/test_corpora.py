@@ -110,6 +110,14 @@ def test_every_format_reads_the_same_docs_and_corpus_hash(docs, formats, fmt):
   assert (info.sha256, info.n_docs, info.n_bytes) == (ref.sha256, ref.n_docs, ref.n_bytes)
 
 
+def test_arrow_random_access_files_read_as_the_stream_files(docs, tmp_path):
+  table = pa.table({"text": docs})
+  with pa.OSFile(str(tmp_path / "r.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+    for batch in table.to_batches(max_chunksize=7):
+      w.write_batch(batch)
+  assert corpora.load_corpus(files_cfg(str(tmp_path / "r.arrow")))[0] == docs
+
+
 def test_auto_format_by_suffix():
   cases = {
     "a.jsonl": "jsonl",

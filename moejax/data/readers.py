@@ -129,19 +129,18 @@ def read_parquet(path: str, key: str = "text") -> Iterator[str]:
 
 
 def read_arrow(path: str, key: str = "text") -> Iterator[str]:
-  """Column `key` of an Arrow IPC file (a saved HF dataset's .arrow files are IPC streams),
-  streamed a record batch at a time."""
+  """Column `key` of an Arrow IPC file, the random-access format (magic `ARROW1`) or the
+  stream format (a saved HF dataset's .arrow files), read a record batch at a time."""
   _need_pyarrow(path)
   with filesystem.open_binary(path) as f:
+    random_access = f.read(6) == b"ARROW1"
+    f.seek(0)
     try:
-      reader = pa.ipc.open_file(f) if f.read(6) == b"ARROW1" else None
-      if reader is None:
-        f.seek(0)
-        reader = pa.ipc.open_stream(f)
+      reader = pa.ipc.open_file(f) if random_access else pa.ipc.open_stream(f)
     except (pa.ArrowException, OSError) as e:
       raise _arrow_error(path, "Arrow IPC", e) from None
     index = _text_column(path, reader.schema, key)
-    if isinstance(reader, pa.ipc.RecordBatchFileReader):
+    if random_access:
       batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
     else:
       batches = iter(reader)
