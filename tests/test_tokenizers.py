@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -22,6 +23,7 @@ from moejax.data.pipeline import complete, heldout_mask, make_data
 from moejax.data.sp_tokenizer import SentencePieceTokenizer
 from moejax.data.tiktoken_tokenizer import TiktokenTokenizer
 from moejax.errors import UserError
+from moejax.hf import exporter
 
 TEXTS = [
   "The quick brown fox jumps over the lazy dog.",
@@ -197,3 +199,14 @@ def test_bad_tokenizer_specs_and_files_are_one_line(tmp_path, sp_model):
   mine = str(tmp_path / "mine.tiktoken")
   one_line(lambda: TiktokenTokenizer(mine), "mine.tiktoken", "data.tiktoken_pattern", "cl100k_base")
   one_line(lambda: TiktokenTokenizer(mine, "(unclosed"), "data.tiktoken_pattern", "regex")
+
+
+def test_hf_export_copies_an_sp_model_as_tokenizer_model_and_no_rank_file(sp_model, tmp_path):
+  for spec, want in ((f"sp:{sp_model}", ["tokenizer.model"]), ("tiktoken:x.tiktoken", [])):
+    out = tmp_path / spec.partition(":")[0]
+    out.mkdir()
+    c = ml_collections.ConfigDict({"data": {"tokenizer": spec}})
+    saved = {"resolved": {"data": {"tokenizer": {"path": sp_model}}}}
+    exporter.copy_tokenizer(c, saved, str(out))
+    assert sorted(os.listdir(out)) == want
+  assert (tmp_path / "sp" / "tokenizer.model").read_bytes() == open(sp_model, "rb").read()
