@@ -16,7 +16,7 @@ import tiktoken
 import tokenizers
 from tiktoken_ext import openai_public
 
-from moejax.data import corpora, tokenizer
+from moejax.data import corpora, scan, tokenizer
 from moejax.data.config import DataConfig
 from moejax.data import prepare as prepare_lib
 from moejax.data.pipeline import complete, heldout_mask, make_data
@@ -210,3 +210,18 @@ def test_hf_export_copies_an_sp_model_as_tokenizer_model_and_no_rank_file(sp_mod
     exporter.copy_tokenizer(c, saved, str(out))
     assert sorted(os.listdir(out)) == want
   assert (tmp_path / "sp" / "tokenizer.model").read_bytes() == open(sp_model, "rb").read()
+
+
+def test_prepare_refuses_a_bad_model_file_before_the_scan_and_writes_nothing(
+  tmp_path, monkeypatch
+):
+  (tmp_path / "bad.model").write_bytes(b"not a model")
+
+  def no_scan(*a, **k):
+    raise AssertionError("the corpus was scanned before the tokenizer was loaded")
+
+  monkeypatch.setattr(scan, "scan", no_scan)
+  out = tmp_path / "out"
+  c = in_memory_cfg(f"sp:{tmp_path}/bad.model")
+  one_line(lambda: prepare_lib.prepare(c, str(out), log=print), "bad.model", "SentencePiece")
+  assert not out.exists() or not os.listdir(out)

@@ -121,10 +121,12 @@ def _setup(data_cfg: Any, out: str, part_bytes: int) -> Setup:
   plan = {"format": shards.FORMAT, "data": stream.content_config(data_cfg)}
   plan["part_bytes"] = part_bytes
   outdir.check_plan(there, plan)
-  found = scan.scan(data_cfg, want_sample=data_cfg["tokenizer"] == "bpe")
+  fitted = data_cfg["tokenizer"] == "bpe"
+  tok = None if fitted else make_tokenizer(data_cfg, out, [], False)  # a bad file: before the scan
+  found = scan.scan(data_cfg, want_sample=fitted)
   plan["corpus"] = found.corpus.to_dict()
   outdir.check_plan(there, plan)
-  tok = make_tokenizer(data_cfg, out, found.sample, resume=there.plan == plan)
+  tok = tok or make_tokenizer(data_cfg, out, found.sample, resume=there.plan == plan)
   return Setup(there, plan, found, tok)
 
 
