@@ -52,10 +52,21 @@ ADDED = {
   ("config", "model", "scan_unroll"): -1,  # by platform and remat (model.auto_unroll)
   ("model", "scan_unroll"): -1,
   ("model", "not_modelled"): lambda got: got["config"]["model"]["not_modelled"],
+  # issue 51: tiktoken rank files take a split pattern
+  ("config", "data", "tiktoken_pattern"): "",
 }
+# Keys renamed since the snapshot: new path -> old path (issue 51: `data.jsonl_key` became
+# `data.text_key`, the JSONL field and the Parquet/Arrow column); the value moves back.
+RENAMED = {("config", "data", "text_key"): ("config", "data", "jsonl_key")}
 
 
 def _without_added(got: dict) -> dict:
+  for new, old in RENAMED.items():
+    *parents, leaf = new
+    node = got
+    for key in parents:
+      node = node[key]
+    node[old[-1]] = node.pop(leaf)
   for path, value in ADDED.items():
     *parents, leaf = path
     node = got

@@ -257,7 +257,7 @@ def test_user_files_load(tmp_path):
   assert docs == ["first doc\n\nstill first doc\n", "second doc\n", "j1", "j2"] and info.n_docs == 4
   paras, _ = corpora.load_files([str(tmp_path / "a.txt")], text_docs="paragraph")
   assert paras == ["first doc", "still first doc"]
-  assert corpora.load_files(str(tmp_path / "d.jsonl"), jsonl_key="body")[0] == ["k1"]
+  assert corpora.load_files(str(tmp_path / "d.jsonl"), text_key="body")[0] == ["k1"]
   assert corpora.load_files(str(tmp_path / "e.array_record"))[0] == ["r1 ü", "r2"]
   paths = [f"{tmp_path}/*.txt", str(tmp_path / "c.jsonl"), str(tmp_path / "e.array_record")]
   data = make_data(

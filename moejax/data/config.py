@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from moejax.data import tokenizer
-from moejax.data.corpora import CORPORA, FORMATS, TEXT_DOCS
+from moejax.data.corpora import CORPORA
+from moejax.data.readers import FORMATS, TEXT_DOCS
 from moejax.schema import check_fields, key
 
 
@@ -21,13 +22,20 @@ class DataConfig:
     "", "corpus=files: comma-separated paths or globs", checked=False
   )  # a list too, from Python (expand_paths)
   format: str = key("auto", "corpus=files: the reader (auto: by extension)", FORMATS)
-  jsonl_key: str = key("text", "corpus=files, JSONL: the field holding a document's text")
+  text_key: str = key(
+    "text", "corpus=files, JSONL/Parquet/Arrow: the field or column holding a document's text"
+  )
   text_docs: str = key(
     "file", "corpus=files, text: one document per file or per paragraph", TEXT_DOCS
   )
   tokenizer: str = key("byte", f"the tokenizer: {', '.join(tokenizer.CHOICES)}")
   bpe_vocab_size: int = key(
     1024, "tokenizer=bpe: its vocabulary size (the 256 bytes and EOS at least)", ge=257
+  )
+  tiktoken_pattern: str = key(
+    "",
+    "tokenizer=tiktoken:PATH: the split regex, or an encoding naming it (cl100k_base, "
+    "o200k_base, ...); '': the encoding the rank file is named after",
   )
   batch_size: int = key(16, "sequences per optimizer step, over all processes", ge=1)
   seq_len: int = key(128, "tokens per training sequence", ge=2)

@@ -1,22 +1,19 @@
-"""Document sources: Python stdlib, seeded synthetic mixture, text/JSONL/ArrayRecord files."""
+"""Document sources: Python stdlib, seeded synthetic mixture, user files (`readers`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
-import json
 import os
 import platform
 import random
 import sysconfig
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
-from array_record.python.array_record_module import ArrayRecordReader
-
+from moejax.data.filesystem import expand_paths
+from moejax.data.readers import TEXT_DOCS, FileOptions, read_file
 from moejax.errors import UserError, check_choice
 
-TEXT_DOCS = ("file", "paragraph")
 STDLIB_EXCLUDE = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 
 
@@ -177,150 +174,30 @@ def load_synthetic(n_docs: int, seed: int = 0, max_docs: int = 0) -> tuple[list[
 # ---------------------------------------------------------------- user files
 
 
-def expand_paths(paths: str | Sequence[str]) -> list[str]:
-  """`data.paths` (comma-separated string or list, globs allowed) to a list of files, in order."""
-  paths = paths or ""
-  items = paths.split(",") if isinstance(paths, str) else [str(p) for p in paths]
-  items = [p.strip() for p in items]
-  items = [p for p in items if p]
-  if not items:
-    raise UserError("data.paths is empty: data.corpus='files' needs paths (comma-separated)")
-  out: list[str] = []
-  for p in items:
-    p = os.path.expanduser(p)
-    if glob.has_magic(p):
-      matches = sorted(m for m in glob.glob(p, recursive=True) if os.path.isfile(m))
-      if not matches:
-        raise UserError(f"{p}: glob in data.paths matches no files")
-      out.extend(matches)
-    elif os.path.isdir(p):
-      raise UserError(f"{p}: is a directory; data.paths takes files or globs ('{p}/*.txt')")
-    elif not os.path.isfile(p):
-      raise UserError(f"{p}: no such file (from data.paths)")
-    else:
-      out.append(p)
-  return out
-
-
-def file_format(path: str, fmt: str) -> str:
-  """The format to read `path` with: `fmt`, or by extension when `fmt` is 'auto'."""
-  check_choice("data.format", fmt, FORMATS)
-  if fmt != "auto":
-    return fmt
-  base = os.path.basename(path).lower()
-  if base.endswith(".jsonl"):
-    return "jsonl"
-  if ".array_record" in base or base.endswith(".arrayrecord"):
-    return "arrayrecord"
-  return "text"
-
-
-def _check_readable(path: str) -> None:
-  """UserError naming the path unless it can be opened for reading."""
-  try:
-    with open(path, "rb"):
-      pass
-  except OSError as e:
-    raise UserError(f"{path}: cannot read ({e.strerror})") from None
-
-
-def _read_bytes(path: str) -> bytes:
-  """File contents, or a UserError naming the path."""
-  try:
-    with open(path, "rb") as f:
-      return f.read()
-  except OSError as e:
-    raise UserError(f"{path}: cannot read ({e.strerror})") from None
-
-
-def _decode(data: bytes, where: str) -> str:
-  """UTF-8 text, or a UserError naming `where`."""
-  try:
-    return data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    msg = f"{where}: not UTF-8 text (byte {e.start}); set data.format if the extension misleads"
-    raise UserError(msg) from None
-
-
-def read_text(path: str, text_docs: str = "file") -> list[str]:
-  """A text file as one doc (`file`), or one doc per blank-line-separated paragraph."""
-  text = _decode(_read_bytes(path), path)
-  if text_docs == "file":
-    return [text] if text.strip() else []
-  paras = [p.strip("\n") for p in text.replace("\r\n", "\n").split("\n\n")]
-  return [p for p in paras if p.strip()]
-
-
-def read_jsonl(path: str, key: str = "text") -> list[str]:
-  """One doc per non-blank line, from string field `key`."""
-  docs = []
-  for n, line in enumerate(_decode(_read_bytes(path), path).splitlines(), start=1):
-    if not line.strip():
-      continue
-    try:
-      obj = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise UserError(f"{path}:{n}: bad JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict) or key not in obj:
-      raise UserError(f"{path}:{n}: no key {key!r} (data.jsonl_key); need an object with it")
-    if not isinstance(obj[key], str):
-      got = type(obj[key]).__name__
-      raise UserError(f"{path}:{n}: key {key!r} must hold a string, got {got}")
-    if obj[key]:
-      docs.append(obj[key])
-  return docs
-
-
-def read_arrayrecord(path: str) -> list[str]:
-  """One doc per record; records are UTF-8 text bytes."""
-  _check_readable(path)
-  try:
-    reader = ArrayRecordReader(path)
-    records = reader.read_all()
-    reader.close()
-  except Exception as e:  # the C++ reader raises RuntimeError/ValueError with long status text
-    why = (str(e).splitlines() or [type(e).__name__])[0][:120]
-    raise UserError(f"{path}: not a readable ArrayRecord file ({why})") from None
-  return [d for i, r in enumerate(records) if (d := _decode(r, f"{path}:record {i}"))]
-
-
-class FileOptions(NamedTuple):
-  """The data.* keys a file reader may use."""
-
-  jsonl_key: str = "text"
-  text_docs: str = "file"
-
-
-# data.format values (besides `auto`, which picks one by extension): format -> reader.
-READERS: dict[str, Callable[[str, FileOptions], list[str]]] = {
-  "text": lambda path, opts: read_text(path, opts.text_docs),
-  "jsonl": lambda path, opts: read_jsonl(path, opts.jsonl_key),
-  "arrayrecord": lambda path, opts: read_arrayrecord(path),
-}
-FORMATS = ("auto", *READERS)
+def iter_files(
+  files: Sequence[str], fmt: str, opts: FileOptions, max_docs: int = 0
+) -> Iterator[str]:
+  """The docs of `files` in order (each file streamed by its reader), at most `max_docs`."""
+  n = 0
+  for path in files:
+    for doc in read_file(path, fmt, opts):
+      yield doc
+      n += 1
+      if 0 < max_docs <= n:
+        return
 
 
 def load_files(
   paths: str | Sequence[str],
   fmt: str = "auto",
-  jsonl_key: str = "text",
+  text_key: str = "text",
   text_docs: str = "file",
   max_docs: int = 0,
 ) -> tuple[list[str], CorpusInfo]:
   """Docs from user files, in `data.paths` order; every file must yield at least one doc."""
   check_choice("data.text_docs", text_docs, TEXT_DOCS)
   files = expand_paths(paths)
-  opts = FileOptions(jsonl_key, text_docs)
-  docs: list[str] = []
-  for path in files:
-    kind = file_format(path, fmt)
-    got = READERS[kind](path, opts)
-    if not got:
-      raise UserError(f"{path}: empty, no documents (read as {kind})")
-    docs.extend(got)
-    if 0 < max_docs <= len(docs):
-      docs = docs[:max_docs]
-      break
+  docs = list(iter_files(files, fmt, FileOptions(text_key, text_docs), max_docs))
   return docs, _info("files", [""] * len(docs), docs, ",".join(files))
 
 
@@ -334,7 +211,7 @@ class Corpus(NamedTuple):
 
 def _files_corpus(d: Any, max_docs: int) -> tuple[list[str], CorpusInfo]:
   """`load_files` with the data.* keys of the `files` corpus."""
-  return load_files(d.paths, d.format, d.jsonl_key, d.text_docs, max_docs)
+  return load_files(d.paths, d.format, d.text_key, d.text_docs, max_docs)
 
 
 # data.corpus values: adding a corpus is one entry here.

@@ -1,8 +1,8 @@
 """`moejax.prepare`'s work: tokenize a corpus once into ArrayRecord shards (docs/design.md
 "Prepared data").
 
-0. Checks, before anything is written: the data config (`pipeline.validate_config`, the
-   in-memory path's own), `--out` (`moejax.data.outdir`: a directory, empty or this
+0. Checks, before anything is written (the DataConfig has checked its own keys):
+   `--out` (`moejax.data.outdir`: a directory, empty or this
    prepare's own) and its plan against the one there.
 1. Scan (`moejax.data.scan`): split coordinates, corpus hash, a seeded tokenizer sample.
 2. Tokenizer: a BPE fitted on the sample (`data.bpe_sample_bytes`); then `.prepare/plan.json`
@@ -29,7 +29,7 @@ import numpy as np
 
 from moejax import runio
 from moejax.data import outdir, pipeline, scan, shards, stream
-from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
+from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, Tokenizer, build_tokenizer
 from moejax.data.config import DataConfig
 from moejax.errors import UserError
 
@@ -38,14 +38,11 @@ STATE = outdir.STATE
 
 
 def make_tokenizer(data_cfg: DataConfig, out: str, sample: list[str], resume: bool) -> Tokenizer:
-  """`byte`, `hf:PATH`, or a BPE: the one a previous run of this prepare saved in `out`
-  (`resume`), else fitted on `sample` in memory (`save_tokenizer` writes it once the plan
-  is recorded)."""
-  name, _, arg = data_cfg.tokenizer.partition(":")
-  if name == "byte":
-    return ByteTokenizer()
-  if name == "hf":
-    return HFTokenizer(arg)
+  """`byte` or a pretrained file (`hf:`, `sp:`, `tiktoken:`), or a BPE: the one a previous
+  run of this prepare saved in `out` (`resume`), else fitted on `sample` in memory
+  (`save_tokenizer` writes it once the plan is recorded)."""
+  if data_cfg.tokenizer != "bpe":
+    return build_tokenizer(data_cfg, [], "", None, is_main=lambda: True, barrier=lambda _: None)
   p = runio.path(out, shards.TOKENIZER)
   if resume and p.exists():
     return BPETokenizer.load(str(p))
@@ -60,10 +57,8 @@ def make_tokenizer(data_cfg: DataConfig, out: str, sample: list[str], resume: bo
 def save_tokenizer(tok: Tokenizer, out: str) -> str | None:
   """The sha256 of the tokenizer's file (None for `byte`); a fitted BPE is written first as
   `tokenizer.json` (+ `tokenizer_config.json`, so `data.tokenizer=hf:DIR` reads it too)."""
-  if isinstance(tok, HFTokenizer):
-    return tok.describe()["sha256"]
   if not isinstance(tok, BPETokenizer):
-    return None
+    return tok.describe().get("sha256")
   p = runio.path(out, shards.TOKENIZER)
   if not p.exists():
     tok.save(str(p))
@@ -118,18 +113,20 @@ class Setup(NamedTuple):
 
 
 def _setup(data_cfg: DataConfig, out: str, part_bytes: int) -> Setup:
-  """Everything checked before anything is written (the DataConfig has checked its keys):
-  `--out` (before the scan), the plan against one there, the tokenizer."""
+  """Everything checked before anything is written: the config (the in-memory path's own
+  checks), `--out` (before the scan), the plan against one there, the tokenizer."""
   if isinstance(part_bytes, bool) or not isinstance(part_bytes, int) or part_bytes < 1:
     raise UserError(f"--part_mb gives {part_bytes!r} bytes per part; use a positive size")
   there = outdir.survey(out)
   plan = {"format": shards.FORMAT, "data": stream.content_config(data_cfg)}
   plan["part_bytes"] = part_bytes
   outdir.check_plan(there, plan)
-  found = scan.scan(data_cfg, want_sample=data_cfg.tokenizer == "bpe")
+  fitted = data_cfg.tokenizer == "bpe"
+  tok = None if fitted else make_tokenizer(data_cfg, out, [], False)  # a bad file: before the scan
+  found = scan.scan(data_cfg, want_sample=fitted)
   plan["corpus"] = found.corpus.to_dict()
   outdir.check_plan(there, plan)
-  tok = make_tokenizer(data_cfg, out, found.sample, resume=there.plan == plan)
+  tok = tok or make_tokenizer(data_cfg, out, found.sample, resume=there.plan == plan)
   return Setup(there, plan, found, tok)
 
 

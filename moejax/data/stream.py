@@ -13,7 +13,14 @@ from typing import Any, NamedTuple
 from moejax import runio
 from moejax.data import shards
 from moejax.data.corpora import CorpusInfo
-from moejax.data.tokenizer import BPETokenizer, ByteTokenizer, HFTokenizer, Tokenizer
+from moejax.data.tokenizer import (
+  BPETokenizer,
+  ByteTokenizer,
+  HFTokenizer,
+  SentencePieceTokenizer,
+  TiktokenTokenizer,
+  Tokenizer,
+)
 from moejax.data.config import DataConfig
 from moejax.errors import UserError
 
@@ -21,10 +28,11 @@ from moejax.errors import UserError
 # records them and a training config must agree with every one.
 ALWAYS = ("corpus", "max_docs", "holdout_fraction", "split_seed", "tokenizer", "seq_len")
 BY_CORPUS = {
-  "files": ("paths", "format", "jsonl_key", "text_docs"),
+  "files": ("paths", "format", "text_key", "text_docs"),
   "synthetic": ("synthetic_docs", "synthetic_seed"),
 }
-BY_TOKENIZER = {"bpe": ("bpe_vocab_size", "bpe_sample_bytes")}
+BY_TOKENIZER = {"bpe": ("bpe_vocab_size", "bpe_sample_bytes"), "tiktoken": ("tiktoken_pattern",)}
+RENAMED = {"text_key": "jsonl_key"}  # key now: its name in manifests written before
 
 
 def _plain(value: Any) -> Any:
@@ -44,7 +52,7 @@ def check_config(data_cfg: DataConfig, manifest: dict, directory: str) -> None:
   """UserError naming the first data.* key whose value differs from the prepared one."""
   prepared = manifest["data"]
   for key, now in content_config(data_cfg).items():
-    then = prepared.get(key)
+    then = prepared.get(key, prepared.get(RENAMED.get(key, "")))
     if then != now:
       raise UserError(
         f"data.{key}={now!r} but data.prepared={directory} was prepared with {then!r} "
@@ -70,13 +78,22 @@ def load_tokenizer(directory: str, manifest: dict) -> Tokenizer:
         f"{p}: sha256 {sha[:12]}..., but {directory} was encoded with sha256 "
         f"{rec['sha256'][:12]}... ({shards.MANIFEST}); prepare again into a new --out"
       )
-    tok = BPETokenizer.load(str(p)) if name == "bpe" else HFTokenizer(arg)
+    tok = _open(name, arg, str(p), manifest["data"])
   if (tok.vocab_size, tok.eos_id) != (rec["vocab_size"], rec["eos_id"]):
     raise UserError(
       f"data.tokenizer={rec['spec']}: vocab {tok.vocab_size}, eos {tok.eos_id} now, but "
       f"{directory} was encoded with vocab {rec['vocab_size']}, eos {rec['eos_id']}"
     )
   return tok
+
+
+def _open(name: str, arg: str, path: str, data: dict) -> Tokenizer:
+  """The tokenizer `name:arg` of a prepared corpus, its file at `path` already checked."""
+  if name == "bpe":
+    return BPETokenizer.load(path)
+  if name == "tiktoken":
+    return TiktokenTokenizer(arg, data.get("tiktoken_pattern", ""))
+  return {"hf": HFTokenizer, "sp": SentencePieceTokenizer}[name](arg)
 
 
 class Prepared(NamedTuple):

@@ -1,11 +1,12 @@
-"""Tokenizers: `byte` (256 bytes + EOS), a locally trained ByteLevel BPE (cached), and
-`hf:PATH`, a pretrained model's own `tokenizer.json` (for imported checkpoints)."""
+"""Tokenizers: `byte` (256 bytes + EOS), a locally trained ByteLevel BPE (cached), `hf:PATH`
+(a pretrained model's own `tokenizer.json`, or the folder holding it), `sp:PATH` (a
+SentencePiece model, `sp_tokenizer`) and `tiktoken:PATH` (a rank file, `tiktoken_tokenizer`);
+every PATH local or gs://."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
@@ -13,6 +14,9 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from moejax import runio
+from moejax.data import filesystem
+from moejax.data.sp_tokenizer import SentencePieceTokenizer
+from moejax.data.tiktoken_tokenizer import TiktokenTokenizer
 from moejax.errors import UserError, check_choice
 
 EOS_TOKEN = "<|eos|>"
@@ -140,14 +144,15 @@ class HFTokenizer:
 
   def __init__(self, path: str):
     path = hf_file(path)
+    data = runio.path(path).read_bytes()
     try:
-      self._tok = tokenizers.Tokenizer.from_file(path)
+      self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:  # noqa: BLE001  (tokenizers raises a bare Exception on bad JSON)
       why = (str(e).splitlines() or [type(e).__name__])[0][:120]
       raise UserError(f"{path}: not a valid tokenizer.json ({why})") from None
-    self.path = path
+    self.path, self.sha256 = path, hashlib.sha256(data).hexdigest()
     self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
-    self.eos_id = hf_eos_id(self._tok, os.path.dirname(path))
+    self.eos_id = hf_eos_id(self._tok, str(runio.path(path).parent))
 
   def encode(self, text: str) -> np.ndarray:
     """Token ids of `text` as int32, no special tokens added."""
@@ -164,18 +169,23 @@ class HFTokenizer:
 
   def describe(self) -> dict:
     """JSON-able summary recorded in the run config (with the file's sha256)."""
-    with open(self.path, "rb") as f:
-      sha = hashlib.sha256(f.read()).hexdigest()
     d = {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
-    return {**d, "path": self.path, "sha256": sha}
+    return {**d, "path": self.path, "sha256": self.sha256}
 
 
 def hf_file(path: str) -> str:
   """The tokenizer.json of `hf:PATH` (PATH itself, or PATH/tokenizer.json for a folder), or
   a UserError naming it."""
-  path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-  if not os.path.isfile(path):
+  path = str(runio.path(path, "tokenizer.json")) if filesystem.is_dir(path) else path
+  if not filesystem.is_file(path):
     raise UserError(f"data.tokenizer=hf:{path}: no such tokenizer.json")
+  return path
+
+
+def model_file(spec: str, path: str) -> str:
+  """PATH of `sp:PATH` or `tiktoken:PATH` when it is a file, or a UserError naming it."""
+  if not filesystem.is_file(path):
+    raise UserError(f"data.tokenizer={spec}: no such file")
   return path
 
 
@@ -187,20 +197,19 @@ def check_vocab_size(vocab_size: Any) -> int:
 
 
 def _read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(runio.read_text(path))
 
 
 def hf_eos_id(tok: Any, directory: str) -> int:
   """The EOS id from `tokenizer_config.json` (`eos_token`) or `config.json` (`eos_token_id`)."""
-  tc = os.path.join(directory, "tokenizer_config.json")
-  if os.path.isfile(tc):
+  tc = str(runio.path(directory, "tokenizer_config.json"))
+  if filesystem.is_file(tc):
     eos = _read_json(tc).get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
     if isinstance(eos, str) and tok.token_to_id(eos) is not None:
       return int(tok.token_to_id(eos))
-  mc = os.path.join(directory, "config.json")
-  if os.path.isfile(mc):
+  mc = str(runio.path(directory, "config.json"))
+  if filesystem.is_file(mc):
     eos = _read_json(mc).get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
     if isinstance(eos, int):
@@ -259,6 +268,10 @@ TOKENIZERS: dict[str, TokenizerKind] = {
   "byte": TokenizerKind(lambda arg, inputs: ByteTokenizer()),
   "bpe": TokenizerKind(lambda arg, inputs: build_bpe(inputs)),
   "hf": TokenizerKind(lambda arg, inputs: HFTokenizer(arg), arg="PATH"),
+  "sp": TokenizerKind(lambda arg, inputs: SentencePieceTokenizer(arg), arg="PATH"),
+  "tiktoken": TokenizerKind(
+    lambda arg, inputs: TiktokenTokenizer(arg, inputs.data_cfg.tiktoken_pattern), arg="PATH"
+  ),
 }
 CHOICES = tuple(f"{name}:{k.arg}" if k.arg else name for name, k in TOKENIZERS.items())
 
@@ -284,9 +297,9 @@ def check_spec(spec: Any) -> None:
 
 
 def check_config(data_cfg: Any) -> None:
-  """The tokenizer keys of a data config, before any loading (`pipeline.validate_config`,
+  """The tokenizer keys of a data config, before any loading (`DataConfig.__post_init__`,
   so the in-memory path and moejax.prepare refuse the same values): the spec, a BPE's vocab
-  size, an `hf:PATH` that exists."""
+  size, a PATH that exists."""
   spec = data_cfg.tokenizer
   check_spec(spec)
   name, _, arg = spec.partition(":")
@@ -294,6 +307,8 @@ def check_config(data_cfg: Any) -> None:
     check_vocab_size(data_cfg.bpe_vocab_size)
   if name == "hf":
     hf_file(arg)
+  if name in ("sp", "tiktoken"):
+    model_file(spec, arg)
 
 
 def build_tokenizer(

@@ -70,15 +70,19 @@ def write_shards(out: str, named) -> dict[str, str]:
 
 def copy_tokenizer(rc: RunConfig, saved: dict, out: str) -> None:
   """The run's tokenizer.json (+ tokenizer_config.json), when it has one: an `hf:` tokenizer,
-  or the BPE a training run recorded in config.json."""
+  or the BPE a training run recorded in config.json; an `sp:` model as tokenizer.model (the
+  name transformers' SentencePiece tokenizers read). A tiktoken rank file is not copied."""
   kind = rc.data.tokenizer
+  names = ("tokenizer.json", "tokenizer_config.json")
   if kind.startswith("hf:"):
     src = kind[3:] if os.path.isdir(kind[3:]) else os.path.dirname(kind[3:])
-    paths = [os.path.join(src, n) for n in ("tokenizer.json", "tokenizer_config.json")]
+    paths = [os.path.join(src, n) for n in names]
+  elif kind.startswith("sp:"):
+    paths, names = [kind[3:]], ("tokenizer.model",)
   else:
     tok = saved.get("resolved", {}).get("data", {}).get("tokenizer", {})
-    paths = [tok["path"]] if tok.get("path") else []
-  for path, name in zip(paths, ("tokenizer.json", "tokenizer_config.json")):
+    paths = [tok["path"]] if kind == "bpe" and tok.get("path") else []
+  for path, name in zip(paths, names):
     if os.path.isfile(path):
       shutil.copy(path, os.path.join(out, name))
 

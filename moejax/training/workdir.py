@@ -69,6 +69,10 @@ def saved_values(saved: dict) -> dict:
   """The config values of a saved run (config.json), as the run trained with them: its
   layout, and the rule it resolved, whatever RULES says today."""
   values = {k: v for k, v in saved.items() if k != "resolved"}
+  data = dict(values.get("data", {}))
+  if "jsonl_key" in data:  # data.text_key's name before the readers of issue 51
+    data.setdefault("text_key", data.pop("jsonl_key"))
+  values["data"] = data
   model = dict(values.get("model", {}), scan_layers=saved_layout(saved))
   rule = saved.get("resolved", {}).get("rule")
   if rule:
