@@ -5,6 +5,7 @@ tests/test_describe_fit.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def test_the_mesh_rule_keeps_an_explicit_mesh_of_the_slices_size_else_fsdp_fills
   assert fit.fit_mesh(explicit, 4) == (2, 2, 1)  # the config's own size: kept
   assert fit.fit_mesh(explicit, 8) == (1, 8, 1)
   assert fit.fit_mesh(small(fsdp=2).mesh, 2) == (1, 2, 1)  # data -1 is never kept as data
-  assert fit.on_mesh(as_run(small()), (1, 4, 2)).mesh.to_dict() == {"data": 1, "fsdp": 4, "expert": 2}
+  assert dataclasses.asdict(fit.on_mesh(as_run(small()), (1, 4, 2)).mesh) == {"data": 1, "fsdp": 4, "expert": 2}
 
 
 def test_a_batch_that_does_not_divide_is_a_reason_never_a_change():
