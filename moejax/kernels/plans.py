@@ -45,15 +45,19 @@ class Plan(NamedTuple):
 
 
 class KernelArgs(NamedTuple):
-  """What every expert kernel (`dispatch.KERNELS`) is given; it returns y_TxD."""
+  """What every expert kernel (`registry.KERNELS`) is given; it returns y_TxD. A kernel that
+  plans dropless dispatch itself (`Kernel.plan == "routing"`) gets no plan (None, [], (),
+  None) but the routing: `experts_TxK` and `used_TxK`."""
 
   x_TxD: jax.Array  # tokens, in the compute dtype
-  plan: Plan
+  plan: Plan | None
   blocks: list[Blocks]  # the buffer's block cover, one Blocks per size (block-loop kernels)
   sizes: tuple[int, ...]  # static block sizes, largest first
   counts_E: jax.Array | None  # rows per expert, contiguous from row 0 (grouped matmuls)
   weights_TxK: jax.Array  # combine weights r_i (0 for an unused assignment)
   ex: ExpertWeights
+  experts_TxK: jax.Array | None = None  # int32 selected experts (routing-planned kernels)
+  used_TxK: jax.Array | None = None  # bool: elastic-k's used ranks (None: all)
 
 
 def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) -> Plan:
