@@ -9,6 +9,8 @@ import ml_collections
 from moejax import build
 from moejax.config.defaults import SECTIONS, base_config
 from moejax.errors import UserError
+from moejax.kernels import dispatch
+from moejax.nn.moe import MoEConfig
 from moejax.schema import type_ok
 
 
@@ -59,14 +61,32 @@ def _check_run(c: ml_collections.ConfigDict) -> None:
     )
 
 
+def _check_moe_run(c: ml_collections.ConfigDict, moe: MoEConfig) -> None:
+  """What `model.moe` needs of this host and of the batch shape, checked before anything is
+  written: an explicitly named kernel that cannot run here, and capacity routing groups that
+  do not tile a training micro-batch or an eval batch (the step would refuse them)."""
+  dispatch.check_runnable(moe.impl)
+  if moe.dispatch != "capacity" or not moe.group_size:
+    return
+  L = c.data.seq_len
+  for tokens, of in (
+    (c.data.batch_size // c.train.grad_accum * L, "a training micro-batch (data.batch_size / "
+     "train.grad_accum x data.seq_len)"),
+    (c.eval.batch_size * L, "an eval batch (eval.batch_size x data.seq_len)"),
+  ):
+    dispatch.check_group_size(moe.group_size, tokens, of)
+
+
 def check(c: ml_collections.ConfigDict) -> None:
   """The whole config but the grid's cells; raises a one-line UserError naming the key."""
   check_keys(c, base_config())
   for name in ("loss", "data", "train", "optim", "eval", "wandb", "mesh"):
     SECTIONS[name].cls(**{k: v for k, v in c[name].items()})
-  build.model_config(c, vocab_size=max(c.model.vocab_size, 2))  # model and model.moe
+  mc = build.model_config(c, vocab_size=max(c.model.vocab_size, 2))  # model and model.moe
   build.loss_config(c, n_shards=1)
   _check_run(c)
+  if mc.moe is not None:
+    _check_moe_run(c, mc.moe)
   if c.model.moe_every > 0:
     _check_shared(c)
 

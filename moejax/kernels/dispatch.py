@@ -175,10 +175,10 @@ def capacity_dispatch(
   return y_TxD, plan.kept_A.reshape(T, K)
 
 
-def check_group_size(group_size: int, n_tokens: int) -> None:
-  """Capacity routing groups must tile the tokens of one call exactly."""
+def check_group_size(group_size: int, n_tokens: int, of: str = "the local batch") -> None:
+  """Capacity routing groups must tile the tokens of one call exactly (`of`: which call)."""
   if n_tokens % group_size:
     raise UserError(
       f"{KEY}.group_size={group_size} is not allowed; it must divide the "
-      f"{n_tokens} tokens of the local batch"
+      f"{n_tokens} tokens of {of}"
     )

@@ -48,8 +48,7 @@ def module_missing(module: str, extra: str = CUDA_EXTRA) -> str | None:
 def _native_missing() -> str | None:
   from moejax.kernels.native import loader
 
-  reason = loader.load()
-  return None if reason is None else f"its C++ library is unavailable: {reason}"
+  return loader.missing()
 
 
 def _load_fused():

@@ -1,15 +1,15 @@
 """The `native` kernel on `plans.KernelArgs`: a plan's rows (capacity mode), or in dropless
 mode the routing itself (`run_dropless`: the plan is built inside the FFI calls). The library
 is loaded when this is traced; where it cannot load, one UserError line
-(`registry.check_runnable`; `auto` runs `fused` instead)."""
+(`loader.require`; `auto` runs `fused` instead)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels import plans, registry
-from moejax.kernels.native import dropless, ops
+from moejax.kernels import plans
+from moejax.kernels.native import dropless, loader, ops
 from moejax.kernels.permute import take_rows
 
 
@@ -27,7 +27,7 @@ def expert_of_rows(a: plans.KernelArgs, R: int) -> jax.Array:
 def run(a: plans.KernelArgs) -> jax.Array:
   """Each row's combine weight gathered from its assignment (as `fused`), then one custom
   VJP over the FFI calls; dropless (no plan) by `run_dropless`."""
-  registry.check_runnable("native")  # the library loaded (its FFI targets registered)
+  loader.require()  # the library loaded (its FFI targets registered), else one UserError line
   if a.plan is None:
     return run_dropless(a.x_TxD, a.experts_TxK, a.weights_TxK, a.ex, a.used_TxK)
   T, K = a.weights_TxK.shape

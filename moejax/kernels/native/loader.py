@@ -19,6 +19,8 @@ from pathlib import Path
 
 import jax
 
+from moejax.errors import UserError
+
 HERE = Path(__file__).parent
 TARGETS = (  # the planned calls (`ops`) and the dropless ones that plan inside (`dropless`)
   "moejax_native_forward",
@@ -124,3 +126,17 @@ def load() -> str | None:
 
 def available() -> bool:
   return load() is None
+
+
+def missing() -> str | None:
+  """What the kernel lacks here (`registry.Kernel.missing`), None when it is ready."""
+  reason = load()
+  return None if reason is None else f"its C++ library is unavailable: {reason}"
+
+
+def require() -> None:
+  """The library loaded, else the one UserError line of an explicit `impl="native"`."""
+  if (reason := missing()) is not None:
+    raise UserError(
+      f"model.moe.impl='native' cannot run here: {reason}; use model.moe.impl=auto or 'fused'"
+    )
