@@ -290,8 +290,12 @@ def test_checks_of_the_batch_shape_and_the_kernel_refuse_before_the_workdir_is_w
   for name, (args, extra_env, _) in cases.items():
     cmd = command(*args, "--workdir", str(tmp_path / name))
     procs[name] = subprocess.Popen(
-      cmd, cwd=REPO, env={**env(), **extra_env}, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True,
+      cmd,
+      cwd=REPO,
+      env={**env(), **extra_env},
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
     )
   for name, p in procs.items():
     stdout, stderr = p.communicate(timeout=240)

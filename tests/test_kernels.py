@@ -2,7 +2,6 @@
 the default train step exported for NVIDIA GPUs never holds XLA's densified ragged dot."""
 
 import functools
-import os
 import subprocess
 import sys
 
@@ -158,6 +157,12 @@ for impl in ("tokamax", "native"):
     print(impl, "runs")
   except Exception as err:
     print(impl, "refused:", type(err).__name__, err)
+if "tokamax" in sys.modules and sys.modules["tokamax"] is None:  # hidden: describe --gpu
+  from moejax.aot import targets
+  try:
+    targets.gpu_devices("h100:8")
+  except Exception as err:
+    print("gpu refused:", type(err).__name__, err)
 """
 
 
@@ -194,4 +199,7 @@ def test_without_tokamax_auto_runs_fused_for_cuda_and_tokamax_is_one_user_error(
   refused = lines[2]
   assert refused.startswith("tokamax refused: UserError model.moe.impl='tokamax'"), refused
   assert "moejax[cuda]" in refused and "'fused'" in refused, refused
+  gpu = lines[-1]  # describe --gpu: one line naming the extra, whatever else is missing
+  assert gpu.startswith("gpu refused: UserError --gpu h100:8 needs the cuda extra"), lines
+  assert "tokamax" in gpu and ".[cuda]" in gpu, gpu
   assert dsp.resolve_impl("auto", "dropless", "cuda") == ("tokamax" if TOKAMAX else "fused")

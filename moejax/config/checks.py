@@ -70,8 +70,10 @@ def _check_moe_run(c: ml_collections.ConfigDict, moe: MoEConfig) -> None:
     return
   L = c.data.seq_len
   for tokens, of in (
-    (c.data.batch_size // c.train.grad_accum * L, "a training micro-batch (data.batch_size / "
-     "train.grad_accum x data.seq_len)"),
+    (
+      c.data.batch_size // c.train.grad_accum * L,
+      "a training micro-batch (data.batch_size / train.grad_accum x data.seq_len)",
+    ),
     (c.eval.batch_size * L, "an eval batch (eval.batch_size x data.seq_len)"),
   ):
     dispatch.check_group_size(moe.group_size, tokens, of)

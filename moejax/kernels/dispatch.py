@@ -87,7 +87,7 @@ def _dropless_with(name: str, block: int, auto: bool) -> Callable:
   def run(*args):
     chosen = runnable(name) if auto else name
     kernel, kernel_fn = KERNELS[chosen], kernel_run(chosen)
-    planned = lambda *a: kernel_fn(_kernel_args(kernel, block, *a))  # noqa: E731
+    planned = lambda *a: kernel_fn(_kernel_args(kernel, block, *a))
     return (_per_device(planned) if kernel.per_device else planned)(*args)
 
   return run
@@ -179,6 +179,5 @@ def check_group_size(group_size: int, n_tokens: int, of: str = "the local batch"
   """Capacity routing groups must tile the tokens of one call exactly (`of`: which call)."""
   if n_tokens % group_size:
     raise UserError(
-      f"{KEY}.group_size={group_size} is not allowed; it must divide the "
-      f"{n_tokens} tokens of {of}"
+      f"{KEY}.group_size={group_size} is not allowed; it must divide the {n_tokens} tokens of {of}"
     )

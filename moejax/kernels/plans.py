@@ -20,11 +20,6 @@ from moejax.kernels.grouped import Blocks
 from moejax.kernels.permute import take_rows
 
 DROP_POLICIES = ("position", "batch_priority", "weight")
-# Old names that are refused with a hint rather than silently reinterpreted.
-RENAMED_DROP_POLICIES = {
-  "score": "drop_policy='score' was renamed 'weight' (each assignment ranked by its own "
-  "weight r_i, Megatron's 'probs'); V-MoE's batch-prioritized routing is 'batch_priority'",
-}
 
 
 class ExpertWeights(NamedTuple):
@@ -181,7 +176,7 @@ def drop_order(
     return DropOrder(jnp.broadcast_to(top1_T[:, None], (T, K)).astype(jnp.float32), True)
   if policy == "weight":
     return DropOrder(weights_TxK.astype(jnp.float32), False)
-  raise UserError(RENAMED_DROP_POLICIES.get(policy, f"drop_policy={policy!r} is unknown"))
+  raise UserError(f"model.moe.drop_policy={policy!r} is not allowed; use one of {DROP_POLICIES}")
 
 
 def capacity_plan(

@@ -66,7 +66,9 @@ class MergeRule:
   )
   shared: str = key("none", "the shared expert's gate c(x)", SHARED)
   selection_bias: bool = key(False, "aux-loss-free selection bias (loss.bias_update_rate)")
-  n_groups: int = key(1, "expert groups of group-limited routing (0 in the config: the rule's)", ge=1)
+  n_groups: int = key(
+    1, "expert groups of group-limited routing (0 in the config: the rule's)", ge=1
+  )
   topk_groups: int = key(1, "groups kept per token (0 in the config: the rule's)", ge=1)
   group_score: str = key("max", "n_groups > 1: how a group is scored", GROUP_SCORES)
 
