@@ -65,7 +65,6 @@ from common import interleaved_min, write_result
 from train_step import dense_twin
 
 RAGGED_FUSION_FLAG = "--xla_gpu_experimental_use_ragged_dot_fusion=true"
-FALLBACK_IMPLS = ("fused", "blocked", "ragged")  # before moejax.kernels.dispatch.KERNELS existed
 # Measured off the platforms they are meant for, for comparison (the densified ragged_dot).
 OFF_PLATFORM_ARMS = {"cpu": ("ragged",), "cuda": ("ragged",), "rocm": ("ragged",)}
 JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
@@ -119,19 +118,15 @@ class Arm(NamedTuple):
     return d
 
 
-def impls_for(platform: str, kernels: dict | None) -> list[str]:
+def impls_for(platform: str, kernels: dict) -> list[str]:
   """The impls to measure on `platform`: KERNELS meant for it, plus OFF_PLATFORM_ARMS."""
-  if kernels is None:
-    return list(FALLBACK_IMPLS)
   extra = OFF_PLATFORM_ARMS.get(platform, ())
   return [n for n, k in kernels.items() if platform in k.backends or n in extra]
 
 
-def split_modes(platform: str, impls: list[str], kernels: dict | None) -> tuple[list, list]:
+def split_modes(platform: str, impls: list[str], kernels: dict) -> tuple[list, list]:
   """(dropless impls, capacity impls) among `impls`. Capacity arms run on accelerators only,
   and not `blocked` (the fused loop, unfused)."""
-  if kernels is None:
-    return list(impls), []
   dropless = [n for n in impls if "dropless" in kernels[n].modes]
   capacity = [n for n in impls if "capacity" in kernels[n].modes and n != "blocked"]
   return dropless, capacity if platform != "cpu" else []
@@ -339,7 +334,7 @@ def probe(args) -> dict:
   from moejax.sizing import flops
 
   platform, d, n_devices = _device(args)
-  kernels = getattr(dispatch, "KERNELS", None)
+  kernels = dispatch.KERNELS
   impls = impls_for(platform, kernels)
   dropless, capacity = split_modes(platform, impls, kernels)
   try:

@@ -26,11 +26,14 @@ class Key(NamedTuple):
   le: float | None = None
   lt: float | None = None
   checked: bool = True  # False: documented here, checked by its own code (a rule by name)
+  also: tuple = ()  # values allowed besides those of the type and bounds (scale's 'k')
 
 
-def key(default: Any, doc: str, choices=(), *, ge=None, gt=None, le=None, lt=None, checked=True):
+def key(
+  default: Any, doc: str, choices=(), *, ge=None, gt=None, le=None, lt=None, checked=True, also=()
+):
   """A dataclass field with its default and its Key (choices: any iterable of values)."""
-  meta = {META: Key(doc, tuple(choices), ge, gt, le, lt, checked)}
+  meta = {META: Key(doc, tuple(choices), ge, gt, le, lt, checked, tuple(also))}
   return dataclasses.field(default=default, metadata=meta)
 
 
@@ -76,21 +79,33 @@ def _in_bounds(value, k: Key) -> bool:
   )
 
 
+def _unset(value, field: dataclasses.Field) -> bool:
+  """An optional field (default None) left unset: None, or 0 as the config writes it."""
+  return field.default is None and (value is None or (type(value) is int and value == 0))
+
+
+def coerce(value, field: dataclasses.Field):
+  """A config value as the field's type where that loses nothing: an int for a float field."""
+  numeric = isinstance(value, int) and not isinstance(value, bool)
+  return float(value) if _kind(field) is float and numeric else value
+
+
 def check_field(name: str, value, field: dataclasses.Field) -> None:
   """UserError `name=value is not allowed; use ...` unless `value` fits the field's Key."""
   k, kind = key_of(field), _kind(field)
-  if k is None or not k.checked or (value is None and field.default is None):
+  if k is None or not k.checked or _unset(value, field) or (k.also and value in k.also):
     return
+  besides = "".join(f" or {v!r}" for v in k.also)
   if not type_ok(value, kind):
-    like = f" (like {field.default!r})" if kind is not bool else ""
-    raise UserError(f"{name}={value!r} is not allowed; use a {kind.__name__}{like}")
+    use = "True or False" if kind is bool else f"a {kind.__name__} (like {field.default!r})"
+    raise UserError(f"{name}={value!r} is not allowed; use {use}{besides}")
   if k.choices:
     check_choice(name, value, k.choices)
   if not _in_bounds(value, k):
     span = bounds_text(k)
-    raise UserError(
-      f"{name}={value!r} is not allowed; use a value {span if span[0] in '<>' else 'in ' + span}"
-    )
+    unset = "0 (unset), or " if field.default is None else ""
+    where = span if span[0] in "<>" else "in " + span
+    raise UserError(f"{name}={value!r} is not allowed; use {unset}a value {where}{besides}")
 
 
 def check_fields(obj, section: str) -> None:
@@ -123,6 +138,7 @@ def rows(cls, section: str, skip=()) -> list[Row]:
       continue
     kind = _kind(f)
     allowed = ", ".join(repr(c) for c in k.choices) or bounds_text(k)
+    allowed += "".join(f", or {v!r}" for v in k.also)
     out.append(
       Row(f"{section}.{f.name}", kind.__name__ if kind else "any", repr(f.default), allowed, k.doc)
     )

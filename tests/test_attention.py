@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from failure_helpers import results_on_host_devices
 from flax import nnx
+from requires import needs_tokamax
 
 from moejax.errors import UserError
 from moejax.nn.attention import ATTENTION_IMPLS, splash_attention
 from moejax.nn.layers import Attention
 
 B, L, H, G, K = 2, 128, 4, 2, 8
-IMPLS = tuple(ATTENTION_IMPLS)
+# tokamax's (the cuda extra) skip without it (tests/requires.py)
+IMPLS = [pytest.param(i, marks=needs_tokamax) if i == "tokamax" else i for i in ATTENTION_IMPLS]
 
 
 def np_attention(q, k, v) -> np.ndarray:

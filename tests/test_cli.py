@@ -269,6 +269,41 @@ def test_bad_input_is_one_line_exit_2(bad_runs, name):
     assert not os.path.exists(os.path.join(tmp, "w", "checkpoints")), name
 
 
+def test_checks_of_the_batch_shape_and_the_kernel_refuse_before_the_workdir_is_written(tmp_path):
+  """A capacity group size that does not tile a training micro-batch (issue 50's command:
+  4 x 128 / 1 = 2,048 tokens on the quickstart is no multiple of 7), and an explicit
+  impl=native where its library is not built: one line each, exit 2, before anything is
+  written, so the corrected command on the same --workdir starts afresh."""
+  cases = {
+    "group_size": (
+      ["--config.model.moe.dispatch=capacity", "--config.model.moe.group_size=7"],
+      {},
+      ["model.moe.group_size=7", "2048 tokens", "data.batch_size"],
+    ),
+    "native": (
+      ["--config.model.moe.impl=native"],
+      {"MOEJAX_NATIVE_LIB": str(tmp_path / "nonexistent.so")},
+      ["model.moe.impl='native'", "cannot run here", "'fused'"],
+    ),
+  }
+  procs = {}
+  for name, (args, extra_env, _) in cases.items():
+    cmd = command(*args, "--workdir", str(tmp_path / name))
+    procs[name] = subprocess.Popen(
+      cmd,
+      cwd=REPO,
+      env={**env(), **extra_env},
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+  for name, p in procs.items():
+    stdout, stderr = p.communicate(timeout=240)
+    proc = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+    assert_user_error(proc, *cases[name][2])
+    assert not os.path.exists(tmp_path / name), name  # no config.json, no directory
+
+
 # ---------------------------------------------------------------- resume guards
 
 

@@ -1,7 +1,6 @@
 """Dispatch vs independent NumPy references: naive per-token loops and priority policies."""
 
 import functools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -244,11 +243,6 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
   np.testing.assert_allclose(y, naive_moe(x, experts, weights, W, kept=want), atol=1e-5)
 
 
-def test_old_score_policy_name_gets_a_hint():
-  with pytest.raises(UserError, match="renamed 'weight'"):
-    dsp.validate_dispatch(dispatch_fields(dispatch="capacity", drop_policy="score"))
-
-
 def test_large_capacity_equals_dropless():
   T, E, K = 48, 8, 2
   x, experts, weights, W = make_case(T, E, K, seed=1, skew=True)
@@ -310,22 +304,6 @@ def test_gather_sum_is_a_sum_of_row_reads_with_a_zero_sentinel():
   np.testing.assert_allclose(gather_sum(jnp.asarray(x), jnp.asarray(idx)), want, rtol=1e-6)
 
 
-def dispatch_fields(**kwargs) -> types.SimpleNamespace:
-  """The fields validate_dispatch reads (nn.moe.MoEConfig's), valid unless overridden."""
-  fields = dict(
-    dispatch="dropless",
-    drop_policy="position",
-    second_expert="all",
-    eval_second_expert="same",
-    impl="auto",
-    capacity_factor=1.0,
-    eval_capacity_factor=2.0,
-    min_capacity=4,
-    group_size=None,
-  )
-  return types.SimpleNamespace(**{**fields, **kwargs})
-
-
 @pytest.mark.parametrize(
   "kwargs,field",
   [
@@ -337,15 +315,21 @@ def dispatch_fields(**kwargs) -> types.SimpleNamespace:
     (dict(capacity_factor=0.0), "capacity_factor"),
     (dict(eval_capacity_factor=-1.0), "eval_capacity_factor"),
     (dict(min_capacity=-1), "min_capacity"),
-    (dict(group_size=0), "group_size"),
-    (dict(group_size=5, n_tokens=12), "group_size"),
+    (dict(group_size=-1), "group_size"),
   ],
 )
 def test_dispatch_validation_names_the_field(kwargs, field):
-  n_tokens = kwargs.pop("n_tokens", None)
-  dsp.validate_dispatch(dispatch_fields())  # the defaults pass
+  from moejax.nn.moe import MoEConfig
+
+  MoEConfig(d_model=D)  # the defaults pass
   with pytest.raises(UserError, match=f"model.moe.{field}="):
-    dsp.validate_dispatch(dispatch_fields(**kwargs), n_tokens)
+    MoEConfig(d_model=D, **kwargs)
+
+
+def test_a_group_size_that_does_not_tile_the_tokens_names_the_key():
+  dsp.check_group_size(4, 12)
+  with pytest.raises(UserError, match="model.moe.group_size=5 .* 12 tokens"):
+    dsp.check_group_size(5, 12)
 
 
 def test_auto_impl_on_this_host_is_the_table_entry_of_its_backend():

@@ -39,6 +39,31 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/kgrid/report.py", "from matplotlib.figure import Figure"): "matplotlib",
   ("moejax/kgrid/report.py", "from matplotlib.patches import Rectangle"): "matplotlib",
   ("moejax/distributed.py", "from jax._src import clusters"): "private JAX API, best effort",
+  # a kernel's module and its library (the native .so, tokamax, Pallas) are imported when a
+  # program using it is traced, not with the model (test_kernel_libraries_load_when_traced)
+  **{
+    ("moejax/kernels/registry.py", f"from moejax.kernels{pkg} import {mod}"): "kernel, lazily"
+    for pkg, mod in (
+      ("", "fused"),
+      (".native", "kernel"),
+      (".native", "loader"),
+      ("", "blocked"),
+      ("", "ragged"),
+      ("", "megablox"),
+      ("", "tokamax_ragged"),
+      ("", "batched"),
+    )
+  },
+  ("moejax/nn/attention.py", "from moejax.kernels import tokamax_ragged"): "tokamax, lazily",
+  ("moejax/nn/attention.py", "import tokamax"): "tokamax (the cuda extra), lazily",
+  (
+    "moejax/nn/attention.py",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash",
+  ): "Pallas splash kernel, lazily",
+  (
+    "moejax/nn/attention.py",
+    "from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask",
+  ): "Pallas splash kernel, lazily",
   # to hoist (files other work is editing; no cycle behind them today)
   ("moejax/training/trainer.py", "from tqdm import tqdm"): "to hoist",
   ("moejax/describe.py", "from absl import flags"): "CLI main: to review",

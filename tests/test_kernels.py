@@ -2,6 +2,8 @@
 the default train step exported for NVIDIA GPUs never holds XLA's densified ragged dot."""
 
 import functools
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -11,10 +13,14 @@ from failure_helpers import (  # noqa: F401  (fast_compiles: module-scoped fixtu
   tiny,
 )
 from jax import export
+from requires import TOKAMAX, needs_tokamax
+from tiers import FULL
 
 from moejax import compat, sharding
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
+from moejax.kernels import registry
+from moejax.kernels.native import loader
 from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
@@ -28,15 +34,15 @@ def test_every_kernel_declares_backends_modes_and_a_description():
     assert k.backends and set(k.backends) <= set(dsp.PLATFORMS), name
     assert k.modes and set(k.modes) <= set(dsp.MODES), name
     assert k.description, name
-  lines = dsp.describe_kernels()
-  assert len(lines) == len(dsp.KERNELS) and lines[0].startswith("fused: ")
+    assert k.plan in registry.PLANS, name
 
 
 def test_auto_is_a_lookup_per_platform_and_never_ragged_off_tpu():
   assert dsp.resolve_impl("auto", "dropless", "rocm") == "fused"
-  assert dsp.CPU_AUTO in ("native", "fused")  # native where built (tests/test_native.py)
-  assert all(dsp.resolve_impl("auto", m, "cpu") == dsp.CPU_AUTO for m in dsp.MODES)
-  assert dsp.resolve_impl("auto", "dropless", "cuda") == "tokamax"
+  cpu = "native" if loader.load() is None else "fused"  # native where built (test_native.py)
+  assert all(dsp.resolve_impl("auto", m, "cpu") == cpu for m in dsp.MODES)
+  cuda = "tokamax" if TOKAMAX else "fused"  # tokamax: the cuda extra
+  assert dsp.resolve_impl("auto", "dropless", "cuda") == cuda
   assert dsp.resolve_impl("auto", "dropless", "tpu") == "megablox"
   assert dsp.resolve_impl("auto", "capacity", "cuda") == "batched"
   assert all(dsp.resolve_impl("auto", "capacity", p) == "fused" for p in ("rocm", "tpu"))
@@ -61,7 +67,7 @@ def _exported(impl: str, platform: str) -> str:
   tokens = next(run.data.train_iterator())["tokens"]
   with compat.lowering_for((platform,)):
     exp = export.export(
-      jax.jit(step_fn), platforms=(platform,), disabled_checks=dsp.EXPORT_DISABLED_CHECKS
+      jax.jit(step_fn), platforms=(platform,), disabled_checks=dsp.export_disabled_checks()
     )(run.state, tokens, jax.random.key(0))
   return exp.mlir_module()
 
@@ -69,6 +75,7 @@ def _exported(impl: str, platform: str) -> str:
 RAGGED_OP = "chlo.ragged_dot"  # what jax.lax.ragged_dot lowers to for XLA's rewriter
 
 
+@needs_tokamax
 def test_default_train_step_exported_for_cuda_holds_no_ragged_dot():
   """`auto` on CUDA is tokamax's grouped matmuls (Triton kernels, traced on a host without a
   GPU), not XLA's densified ragged dot."""
@@ -119,3 +126,81 @@ def test_megablox_runs_per_device_in_a_shard_map_under_the_tracing_mesh(tmp_path
   fsdp), with the single-device result."""
   r = results_on_host_devices(MEGABLOX_MESH_SCRIPT, tmp_path / "megablox_mesh.py", 4)
   assert r["shard_map"] and r["max_diff"] < 1e-5
+
+
+LAZY_SCRIPT = """
+import sys
+import jax, jax.numpy as jnp
+{block}
+import moejax.kernels.dispatch, moejax.nn.moe, moejax.nn.model
+from moejax.kernels import dispatch as dsp
+
+def loaded():
+  kernels = ("jax.experimental.pallas", "moejax.kernels.megablox",
+             "moejax.kernels.tokamax_ragged", "moejax.kernels.native.kernel")
+  mods = [m for m, mod in sys.modules.items()  # None: a module hidden as not installed
+          if mod is not None and (m.split(".")[0] == "tokamax" or m.startswith(kernels))]
+  so = "_moejax_native" in open("/proc/self/maps").read()
+  return sorted({{m.split(".")[0] if m.startswith("tokamax") else m for m in mods}}) + ["so"] * so
+
+print("imported:", loaded())
+if {trace}:
+  pass
+else:
+  sys.exit(0)
+x, e, w = jnp.ones((8, 4)), jnp.zeros((8, 2), jnp.int32), jnp.ones((8, 2))
+ex = dsp.ExpertWeights(jnp.ones((2, 4, 4)), jnp.ones((2, 4, 4)), jnp.ones((2, 4, 4)))
+y = jax.eval_shape(lambda *a: dsp.dropless(*a), x, e, w, ex)  # auto: every platform's branch
+print("traced:", loaded(), y.shape)
+for impl in ("tokamax", "native"):
+  try:
+    dsp.check_runnable(impl)
+    print(impl, "runs")
+  except Exception as err:
+    print(impl, "refused:", type(err).__name__, err)
+if "tokamax" in sys.modules and sys.modules["tokamax"] is None:  # hidden: describe --gpu
+  from moejax.aot import targets
+  try:
+    targets.gpu_devices("h100:8")
+  except Exception as err:
+    print("gpu refused:", type(err).__name__, err)
+"""
+
+
+def _lazy_script(block: str = "", trace: bool = True) -> list[str]:
+  code = LAZY_SCRIPT.format(block=block, trace=trace)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  return out.stdout.splitlines()
+
+
+def test_importing_the_model_imports_no_kernel_library():
+  """`import moejax.nn.model` (and nn.moe, kernels.dispatch) imports no kernel module and
+  no kernel library: no tokamax, no Pallas kernel, native `.so` not loaded (the full-tier
+  test below shows a trace importing them, so this can fail)."""
+  assert _lazy_script(trace=False) == ["imported: []"]
+
+
+@FULL
+def test_kernel_libraries_load_when_a_program_using_them_is_traced():
+  """Tracing `auto` with no context mesh traces every platform's branch: that imports them."""
+  lines = _lazy_script()
+  assert lines[0] == "imported: []", lines
+  traced = lines[1]
+  for name in ("moejax.kernels.megablox", "jax.experimental.pallas", "'so'"):
+    assert name in traced, traced
+  assert ("tokamax" in traced) == TOKAMAX and traced.endswith("(8, 4)"), traced
+
+
+def test_without_tokamax_auto_runs_fused_for_cuda_and_tokamax_is_one_user_error():
+  """tokamax hidden (the cuda extra not installed): the model imports and traces, `auto`'s
+  CUDA branch is `fused` (one log line), and `impl=tokamax` is one line naming the key and
+  the extra."""
+  lines = _lazy_script("sys.modules['tokamax'] = None  # as if not installed")
+  assert lines[0] == "imported: []" and "tokamax" not in lines[1], lines
+  refused = lines[2]
+  assert refused.startswith("tokamax refused: UserError model.moe.impl='tokamax'"), refused
+  assert "moejax[cuda]" in refused and "'fused'" in refused, refused
+  gpu = lines[-1]  # describe --gpu: one line naming the extra, whatever else is missing
+  assert gpu.startswith("gpu refused: UserError --gpu h100:8 needs the cuda extra"), lines
+  assert "tokamax" in gpu and ".[cuda]" in gpu, gpu
+  assert dsp.resolve_impl("auto", "dropless", "cuda") == ("tokamax" if TOKAMAX else "fused")

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from requires import TOKAMAX
 from tiers import FULL
 
 from moejax.errors import UserError
@@ -306,7 +307,7 @@ def test_auto_on_cpu_is_native_where_built_and_other_platforms_are_unchanged():
   want = "native" if BUILT else "fused"
   for mode in dsp.MODES:
     assert dsp.resolve_impl("auto", mode, "cpu") == want
-  assert dsp.resolve_impl("auto", "dropless", "cuda") == "tokamax"
+  assert dsp.resolve_impl("auto", "dropless", "cuda") == ("tokamax" if TOKAMAX else "fused")
   assert dsp.resolve_impl("auto", "dropless", "tpu") == "megablox"
   assert dsp.resolve_impl("auto", "capacity", "cuda") == "batched"
 
@@ -317,18 +318,35 @@ def test_the_library_is_built_where_a_compiler_is():
   assert BUILT, loader.load()
 
 
-def test_without_the_library_auto_falls_back_to_fused_with_one_log_line():
+def test_without_the_library_auto_falls_back_to_fused_and_native_is_one_user_error():
+  """Without the library, `auto` runs `fused` with one log line; `impl="native"` is refused
+  in one line naming the key and what to use, at the config check and when traced (it no
+  longer runs `fused` in its place)."""
   code = (
-    "from moejax.kernels import dispatch as d; "
-    "print(d.resolve_impl('auto', 'dropless', 'cpu'), d.KERNELS['native'].run.__module__)"
+    "import jax, jax.numpy as jnp\n"
+    "from moejax.errors import UserError\n"
+    "from moejax.kernels import dispatch as d\n"
+    "x, e, w = jnp.ones((4, 8)), jnp.zeros((4, 2), jnp.int32), jnp.ones((4, 2))\n"
+    "ex = d.ExpertWeights(jnp.ones((2, 8, 4)), jnp.ones((2, 8, 4)), jnp.ones((2, 4, 8)))\n"
+    "print(d.resolve_impl('auto', 'dropless', 'cpu'), d.dropless(x, e, w, ex).shape)\n"
+    "for f in (lambda: d.check_runnable('native'), lambda: d.dropless(x, e, w, ex, impl='native')):\n"
+    "  try:\n"
+    "    f()\n"
+    "  except UserError as err:\n"
+    "    print('refused:', err)\n"
   )
   env = {**os.environ, "MOEJAX_NATIVE_LIB": "/nonexistent/libmoejax_native.so"}
   out = subprocess.run(
     [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
   )
-  assert out.stdout.split()[0] == "fused"
-  lines = [ln for ln in out.stderr.splitlines() if "native CPU kernel unavailable" in ln]
-  assert len(lines) == 1 and "using fused" in lines[0]
+  lines = out.stdout.splitlines()
+  assert lines[0] == "fused (4, 8)", out.stdout
+  refused = [ln for ln in lines if ln.startswith("refused: ")]
+  assert len(refused) == 2, out.stdout
+  for line in refused:
+    assert "model.moe.impl='native' cannot run here" in line and "'fused'" in line, line
+  logged = [ln for ln in out.stderr.splitlines() if "the native kernel cannot run here" in ln]
+  assert len(logged) == 1 and "using fused" in logged[0], out.stderr
 
 
 def test_coretype_is_skylakex_with_avx512_unless_set():

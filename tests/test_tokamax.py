@@ -18,18 +18,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from failure_helpers import results_on_host_devices
+from requires import needs_tokamax, tokamax_kernels
 from test_dispatch import _check_grads, _naive_grads, naive_moe
 from test_dropless import E, _case, _grad_fns, routing
 
 from moejax import aot, compat
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
-from moejax.kernels import plans, tokamax_ragged
+from moejax.kernels import plans
 from moejax.nn.attention import tokamax_attention
 from moejax.nn.moe import MoEConfig
 
 # each ~5-15 s of compiles on 2 cores; one routing stays in the default tier
 FULL = pytest.mark.full
+pytestmark = needs_tokamax  # the cuda extra's
+tokamax_ragged = tokamax_kernels()
 
 
 @pytest.mark.parametrize(

@@ -174,7 +174,7 @@ def export_gpu(rc: RunConfig, n_devices: int) -> jax.export.Exported:
     raise UserError(f"{n_devices} GPUs is not allowed; use an int >= 1")
   abstract = abstract_run(rc, Target(f"{n_devices} x cuda", "cuda", (), n_devices, 0, ""))
   export = jax.export.export(
-    train_step(abstract), platforms=("cuda",), disabled_checks=dispatch.EXPORT_DISABLED_CHECKS
+    train_step(abstract), platforms=("cuda",), disabled_checks=dispatch.export_disabled_checks()
   )
   return export(abstract.run.state, abstract.tokens, abstract.rng)
 

@@ -115,6 +115,15 @@ def cuda_available() -> bool:
     return False
 
 
+def cuda_extra_missing() -> list[str]:
+  """What of the `cuda` extra a GPU compile needs and this host lacks: the GPU compiler and
+  tokamax (the GPU kernels, which the GPU presets' `impl=auto` and attention run)."""
+  out = [] if cuda_available() else ["jax's CUDA plugin, the GPU compiler"]
+  if importlib.util.find_spec("tokamax") is None:
+    out.append("tokamax, the GPU kernels")
+  return out
+
+
 def topology_of_accelerator(accelerators: str) -> str | None:
   """'tpu-v5e-16' / 'tpu-v5litepod-16' -> 'v5e:4x4', 'tpu-v4-8' -> 'v4:2x2x1'; None for a
   non-TPU accelerator. The GCP number counts TensorCores on v2-v4 and v5p (2 per chip)
@@ -236,9 +245,9 @@ def mem_fraction() -> float:
 def gpu_devices(descriptor: str) -> tuple:
   """Compile-only CUDA devices of `descriptor`, built by jax's CUDA plugin on this host."""
   kind, nodes, per_node = parse_gpu(descriptor)
-  if not cuda_available():
+  if missing := cuda_extra_missing():
     raise UserError(
-      f"--gpu {descriptor} needs the GPU compiler (jax's CUDA plugin): {CUDA_INSTALL}"
+      f"--gpu {descriptor} needs the cuda extra ({' and '.join(missing)}): {CUDA_INSTALL}"
     )
   try:
     topo = topologies.get_topology_desc(

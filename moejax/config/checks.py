@@ -9,6 +9,7 @@ import ml_collections
 
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
+from moejax.kernels import dispatch
 from moejax.schema import type_ok
 
 
@@ -59,10 +60,30 @@ def _check_batch(rc: RunConfig) -> None:
     )
 
 
+def _check_moe_run(rc: RunConfig) -> None:
+  """What `model.moe` needs of this host and of the batch shape, checked before anything is
+  written: an explicitly named kernel that cannot run here, and capacity routing groups that
+  do not tile a training micro-batch or an eval batch (the step would refuse them)."""
+  moe = rc.model.moe
+  dispatch.check_runnable(moe.impl)
+  if moe.dispatch != "capacity" or not moe.group_size:
+    return
+  L = rc.data.seq_len
+  for tokens, of in (
+    (
+      rc.data.batch_size // rc.train.grad_accum * L,
+      "a training micro-batch (data.batch_size / train.grad_accum x data.seq_len)",
+    ),
+    (rc.eval.batch_size * L, "an eval batch (eval.batch_size x data.seq_len)"),
+  ):
+    dispatch.check_group_size(moe.group_size, tokens, of)
+
+
 def check_run(rc: RunConfig) -> None:
   """The checks that span sections; each section has checked its own keys."""
   _check_batch(rc)
   if rc.model.moe is not None:
+    _check_moe_run(rc)
     _check_shared(rc)
 
 

@@ -1,2 +1,3 @@
 """Dispatch: expert plans (dropless, capacity) and the kernels that run them, by name
-(`dispatch.KERNELS`). Imports only moejax's base modules (errors, sharding)."""
+(`registry.KERNELS`, each kernel's module imported when a program using it is traced).
+Imports only moejax's base modules (errors, platforms, sharding)."""

@@ -9,9 +9,9 @@ sorted by expert without padding; the buffer is padded to a multiple of the m ti
 pad rows (zeros) are counted in the last expert's group, so every row belongs to a group
 and contributes exactly zero (so do rows left empty by elastic-k's unused assignments, which
 megablox therefore still computes). Inputs stay in the compute dtype (bf16 on TPU presets) and
-accumulate in float32. Gate and up are one `gmm` against [E, D, 2F]: on the TPU preset's
-step (v5e:4x4) that cut the temporaries from 6.35 to 5.32 GiB per device at the same FLOPs
-(benchmarks/tpu_ragged_dot.py --train-step). Lowered for TPU it is a Mosaic kernel; on any other platform the
+accumulate in float32. Gate and up are one `gmm` against [E, D, 2F]: one kernel and one
+[M, 2F] output instead of two, so fewer temporaries at the same FLOPs (the TPU preset's step:
+benchmarks/results/tpu_ragged_dot_train_step.json). Lowered for TPU it is a Mosaic kernel; on any other platform the
 same kernel runs in Pallas interpret mode (slow; for tests on CPU).
 """
 
@@ -33,10 +33,9 @@ backend = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm"
 M_TILES = (512, 256, 128)  # MaxText's default m tile is 512; 128 is the MXU width
 KN_TILES = (1024, 512, 256, 128)
 # VMEM a call's tiles may take by `vmem_bytes`, of the 16 MiB of scoped VMEM XLA:TPU gives a
-# kernel on v5e (v4 the same, v6e 32). The TPU sweep's factor D (d_model 1024, d_expert 512:
-# gate and up as N = 1024) had tgmm at tiles (512, 1024, 1024): 16 MiB by `vmem_bytes`, and
-# the TPU compiler refused it, "Scoped allocation with size 17.02M and limit 16.00M"; 12
-# leaves that 1 MiB the estimate misses, and 3 more.
+# kernel on v5e (v4 the same, v6e 32): below the limit by a margin, because `vmem_bytes`
+# misses some of what the TPU compiler allocates (the refused tiling of the TPU sweep's
+# widest experts: docs/cloud.md; test_megablox_compiles_at_the_tpu_sweeps_widest_experts).
 VMEM_BUDGET = 12 << 20
 
 

@@ -20,11 +20,6 @@ from moejax.kernels.grouped import Blocks
 from moejax.kernels.permute import take_rows
 
 DROP_POLICIES = ("position", "batch_priority", "weight")
-# Old names that are refused with a hint rather than silently reinterpreted.
-RENAMED_DROP_POLICIES = {
-  "score": "drop_policy='score' was renamed 'weight' (each assignment ranked by its own "
-  "weight r_i, Megatron's 'probs'); V-MoE's batch-prioritized routing is 'batch_priority'",
-}
 
 
 class ExpertWeights(NamedTuple):
@@ -45,15 +40,19 @@ class Plan(NamedTuple):
 
 
 class KernelArgs(NamedTuple):
-  """What every expert kernel (`dispatch.KERNELS`) is given; it returns y_TxD."""
+  """What every expert kernel (`registry.KERNELS`) is given; it returns y_TxD. A kernel that
+  plans dropless dispatch itself (`Kernel.plan == "routing"`) gets no plan (None, [], (),
+  None) but the routing: `experts_TxK` and `used_TxK`."""
 
   x_TxD: jax.Array  # tokens, in the compute dtype
-  plan: Plan
+  plan: Plan | None
   blocks: list[Blocks]  # the buffer's block cover, one Blocks per size (block-loop kernels)
   sizes: tuple[int, ...]  # static block sizes, largest first
   counts_E: jax.Array | None  # rows per expert, contiguous from row 0 (grouped matmuls)
   weights_TxK: jax.Array  # combine weights r_i (0 for an unused assignment)
   ex: ExpertWeights
+  experts_TxK: jax.Array | None = None  # int32 selected experts (routing-planned kernels)
+  used_TxK: jax.Array | None = None  # bool: elastic-k's used ranks (None: all)
 
 
 def _finish_plan(row_of_A: jax.Array, kept_A: jax.Array, n_rows: int, K: int) -> Plan:
@@ -177,7 +176,7 @@ def drop_order(
     return DropOrder(jnp.broadcast_to(top1_T[:, None], (T, K)).astype(jnp.float32), True)
   if policy == "weight":
     return DropOrder(weights_TxK.astype(jnp.float32), False)
-  raise UserError(RENAMED_DROP_POLICIES.get(policy, f"drop_policy={policy!r} is unknown"))
+  raise UserError(f"model.moe.drop_policy={policy!r} is not allowed; use one of {DROP_POLICIES}")
 
 
 def capacity_plan(

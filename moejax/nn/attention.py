@@ -22,6 +22,10 @@ softmax are float32 whatever the input dtype, and the output has the inputs' dty
   host) its "xla" reference, which does hold L×L (what the CPU tests check): the same
   per-platform lists as `moejax.kernels.tokamax_ragged.IMPLEMENTATIONS`.
   Per device in a `shard_map` over the batch axes under a context mesh, as splash.
+
+The Pallas splash kernel and tokamax are imported when a program using them is traced
+(`import moejax.nn.model` imports neither); without tokamax (the `cuda` extra),
+`model.attention='tokamax'` is one UserError line.
 """
 
 from __future__ import annotations
@@ -30,13 +34,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import tokamax
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from moejax import platforms, sharding
 from moejax.errors import UserError
-from moejax.kernels import tokamax_ragged
+from moejax.kernels import registry
 
 # Splash tiles: MaxText's `sa_block_*` default (512), or the largest smaller one that divides
 # the sequence; the kernel needs multiples of 128 (the TPU lane width).
@@ -79,6 +80,9 @@ def splash_block(seq_len: int) -> int:
 def _splash_kernel(n_heads: int, seq_len: int, interpret: bool):
   """A causal splash kernel for (heads, length), built at each trace: its mask tables are
   arrays of that trace (a cached kernel would leak them into the next)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
   b = splash_block(seq_len)
   mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((seq_len, seq_len))] * n_heads)
   sizes = splash.BlockSizes(
@@ -130,7 +134,19 @@ def splash_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.
   return jnp.swapaxes(_per_device(_splash_local, B)(q, k, v), 1, 2).astype(q_BxLxHxK.dtype)
 
 
+def _tokamax_kernels():
+  """moejax's tokamax module (`kernels.tokamax_ragged`: the implementation lists, the GPU
+  checks), imported now; a UserError line without tokamax."""
+  if (reason := registry.module_missing("tokamax")) is not None:
+    raise UserError(f"model.attention='tokamax' cannot run here: {reason}; use 'xla' or 'splash'")
+  from moejax.kernels import tokamax_ragged
+
+  return tokamax_ragged
+
+
 def _tokamax_call(q, k, v, impls):
+  import tokamax
+
   return tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=impls)
 
 
@@ -138,17 +154,17 @@ def _tokamax_call(q, k, v, impls):
 def _tokamax_attend(q, k, v, impls: tuple[str, ...]):
   """tokamax's attention and its own VJP, each traced with its GPU checks off (a backward
   pass is traced after the forward's context has closed)."""
-  with tokamax_ragged.cross_compile(impls):
+  with _tokamax_kernels().cross_compile(impls):
     return _tokamax_call(q, k, v, impls)
 
 
 def _tokamax_fwd(q, k, v, impls):
-  with tokamax_ragged.cross_compile(impls):
+  with _tokamax_kernels().cross_compile(impls):
     return jax.vjp(functools.partial(_tokamax_call, impls=impls), q, k, v)
 
 
 def _tokamax_bwd(impls, vjp, do):
-  with tokamax_ragged.cross_compile(impls):
+  with _tokamax_kernels().cross_compile(impls):
     return vjp(do)
 
 
@@ -160,7 +176,7 @@ def _tokamax_local(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK):
   (`tokamax_ragged.IMPLEMENTATIONS`: the same lists, the same GPU checks turned off)."""
   branches = {
     p: functools.partial(_tokamax_attend, impls=i)
-    for p, i in tokamax_ragged.IMPLEMENTATIONS.items()
+    for p, i in _tokamax_kernels().IMPLEMENTATIONS.items()
   }
   return platforms.platform_dependent(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, **branches)
 

@@ -105,7 +105,9 @@ class MoEConfig:
   impl: str = key(
     "auto", "the expert kernel (docs/dispatch.md; auto: by backend and shape)", dsp.IMPLS
   )
-  block_size: int = key(32, "impl=blocked: token block of the block-sparse kernel", ge=1)
+  block_size: int = key(
+    32, "impl=fused and blocked: rows of the smallest block of the block loop", ge=1
+  )
   jitter_eps: float = key(
     0.0, "multiplicative router-input jitter in training (Switch)", ge=0, lt=1
   )
@@ -130,8 +132,8 @@ class MoEConfig:
     check_choice("model.dtype", self.dtype, DTYPES)  # the fields copied from `model.*`
     if not self.init_std > 0:
       raise UserError(f"model.init_std={self.init_std} is not allowed; use a value > 0")
-    dsp.validate_dispatch(self)  # first: a renamed drop_policy gets its own line
     check_fields(self, "model.moe")
+    dsp.check_mode(self.impl, self.dispatch)
     if self.top_k > self.n_experts:
       raise UserError(
         f"model.moe.top_k={self.top_k} is not allowed; use 1 <= top_k <= n_experts={self.n_experts}"

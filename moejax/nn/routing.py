@@ -14,8 +14,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.errors import UserError, check_choice
-from moejax.schema import key
+from moejax.errors import UserError
+from moejax.schema import check_fields, coerce, key
 
 SCORES = ("softmax", "sigmoid")
 SHARED = ("none", "unit", "sigmoid", "kplus1")
@@ -57,39 +57,24 @@ class MergeRule:
   """How router logits become routed coefficients r_i and a shared coefficient c(x)."""
 
   # As `model.moe.<field>` keys these are unset and replace the named rule's when set
-  # (compose_rule); __post_init__ checks them.
-  score: str = key("softmax", "router scores s from logits", SCORES, checked=False)
-  norm: str = key("sum", "renormalization of the selected scores", NORMS, checked=False)
-  lp: float = key(1.0, "norm=lp: the norm's p", gt=0, checked=False)
+  # (compose_rule); each is checked by its metadata, the one cross-field bound below.
+  score: str = key("softmax", "router scores s from logits", SCORES)
+  norm: str = key("sum", "renormalization of the selected scores", NORMS)
+  lp: float = key(1.0, "norm=lp: the norm's p", gt=0)
   scale: float | str = key(
-    1.0, "alpha of r_i = alpha p_i: a float, or 'k' (the trained K)", checked=False
+    1.0, "alpha of r_i = alpha p_i: a float, or 'k' (the trained K)", gt=0, also=("k",)
   )
-  shared: str = key("none", "the shared expert's gate c(x)", SHARED, checked=False)
-  selection_bias: bool = key(
-    False, "aux-loss-free selection bias (loss.bias_update_rate)", checked=False
-  )
+  shared: str = key("none", "the shared expert's gate c(x)", SHARED)
+  selection_bias: bool = key(False, "aux-loss-free selection bias (loss.bias_update_rate)")
   n_groups: int = key(
-    1, "expert groups of group-limited routing (0 in the config: the rule's)", ge=1, checked=False
+    1, "expert groups of group-limited routing (0 in the config: the rule's)", ge=1
   )
-  topk_groups: int = key(
-    1, "groups kept per token (0 in the config: the rule's)", ge=1, checked=False
-  )
-  group_score: str = key("max", "n_groups > 1: how a group is scored", GROUP_SCORES, checked=False)
+  topk_groups: int = key(1, "groups kept per token (0 in the config: the rule's)", ge=1)
+  group_score: str = key("max", "n_groups > 1: how a group is scored", GROUP_SCORES)
 
   def __post_init__(self):
-    check_choice(f"{KEY}.score", self.score, SCORES)
-    check_choice(f"{KEY}.norm", self.norm, NORMS)
-    check_choice(f"{KEY}.shared", self.shared, SHARED)
-    check_choice(f"{KEY}.group_score", self.group_score, GROUP_SCORES)
-    if not self.lp > 0:
-      raise UserError(f"{KEY}.lp={self.lp} is not allowed; the lp norm needs p > 0")
-    if isinstance(self.scale, str):
-      check_choice(f"{KEY}.scale", self.scale, ("k",))
-    elif not self.scale > 0:
-      raise UserError(f"{KEY}.scale={self.scale} is not allowed; use a float > 0 or 'k'")
-    if self.n_groups < 1:
-      raise UserError(f"{KEY}.n_groups={self.n_groups} is not allowed; use an int >= 1")
-    if not 1 <= self.topk_groups <= self.n_groups:
+    check_fields(self, KEY)
+    if self.topk_groups > self.n_groups:
       raise UserError(
         f"{KEY}.topk_groups={self.topk_groups} is not allowed; use 1 <= topk_groups <= "
         f"n_groups={self.n_groups}"
@@ -142,26 +127,7 @@ def get_rule(rule: MergeRule | str) -> MergeRule:
 
 
 RULE_FIELDS = tuple(f.name for f in dataclasses.fields(MergeRule))
-_STR_FIELDS = ("score", "norm", "shared", "group_score")
-
-
-def _coerce(field: str, value: object) -> object:
-  """A config value as the MergeRule field's type (ints as floats for lp and scale)."""
-  key = f"{KEY}.{field}"
-  numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-  if field in _STR_FIELDS and not isinstance(value, str):
-    raise UserError(f"{key}={value!r} is not allowed; use a name (a string)")
-  if field == "selection_bias" and not isinstance(value, bool):
-    raise UserError(f"{key}={value!r} is not allowed; use True or False")
-  if field in ("n_groups", "topk_groups") and not (numeric and int(value) == value):
-    raise UserError(f"{key}={value!r} is not allowed; use an int >= 1")
-  if field == "lp" and not numeric:
-    raise UserError(f"{key}={value!r} is not allowed; use a float > 0")
-  if field == "scale" and not (numeric or value == "k"):
-    raise UserError(f"{key}={value!r} is not allowed; use a float > 0 or 'k'")
-  if field in ("n_groups", "topk_groups"):
-    return int(value)
-  return float(value) if field in ("lp", "scale") and numeric else value
+_FIELDS = {f.name: f for f in dataclasses.fields(MergeRule)}
 
 
 def _no_effect(rule: MergeRule, field: str) -> str | None:
@@ -184,7 +150,7 @@ def compose_rule(rule: MergeRule | str, overrides: dict[str, object]) -> MergeRu
   unknown = sorted(set(overrides) - set(RULE_FIELDS))
   if unknown:
     raise UserError(f"{KEY}.{unknown[0]} is not a rule field; use {', '.join(RULE_FIELDS)}")
-  fields = {f: _coerce(f, v) for f, v in overrides.items()}
+  fields = {f: coerce(v, _FIELDS[f]) for f, v in overrides.items()}
   composed = dataclasses.replace(base, **fields)
   for field, value in fields.items():
     reason = _no_effect(composed, field)

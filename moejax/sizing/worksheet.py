@@ -195,10 +195,13 @@ def describe_shared(moe, rule: routing.MergeRule) -> str:
 
 
 def describe_kernel(moe) -> str:
-  """The expert kernel: for `auto`, the one each platform gets (dispatch.AUTO)."""
+  """The expert kernel: for `auto`, the one each platform gets on this install (dispatch.AUTO,
+  or its fallback where that kernel cannot run here)."""
   if moe.impl != "auto":
     return f"impl {moe.impl} ({dispatch.KERNELS[moe.impl].description})"
-  per = ", ".join(f"{p} {k}" for p, k in dispatch.AUTO[moe.dispatch].items())
+  per = ", ".join(
+    f"{p} {dispatch.resolve_impl('auto', moe.dispatch, p)}" for p in dispatch.AUTO[moe.dispatch]
+  )
   return f"impl auto: {per}"
 
 

@@ -1,13 +1,14 @@
-"""The `native` kernel: on `plans.KernelArgs` (capacity mode, and dropless where the library
-is not built: `fused` then runs), or on the routing itself in dropless mode (`run_dropless`:
-the plan is built inside the FFI calls)."""
+"""The `native` kernel on `plans.KernelArgs`: a plan's rows (capacity mode), or in dropless
+mode the routing itself (`run_dropless`: the plan is built inside the FFI calls). The library
+is loaded when this is traced; where it cannot load, one UserError line
+(`loader.require`; `auto` runs `fused` instead)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels import fused, plans
+from moejax.kernels import plans
 from moejax.kernels.native import dropless, loader, ops
 from moejax.kernels.permute import take_rows
 
@@ -25,9 +26,10 @@ def expert_of_rows(a: plans.KernelArgs, R: int) -> jax.Array:
 
 def run(a: plans.KernelArgs) -> jax.Array:
   """Each row's combine weight gathered from its assignment (as `fused`), then one custom
-  VJP over the FFI calls."""
-  if not loader.available():
-    return fused.run(a)
+  VJP over the FFI calls; dropless (no plan) by `run_dropless`."""
+  loader.require()  # the library loaded (its FFI targets registered), else one UserError line
+  if a.plan is None:
+    return run_dropless(a.x_TxD, a.experts_TxK, a.weights_TxK, a.ex, a.used_TxK)
   T, K = a.weights_TxK.shape
   w_Ax1 = a.weights_TxK.reshape(T * K, 1).astype(a.x_TxD.dtype)
   w_R = take_rows(w_Ax1, a.plan.assign_of_R, a.plan.row_of_A[:, None])[:, 0]
@@ -41,8 +43,7 @@ def run(a: plans.KernelArgs) -> jax.Array:
 
 def run_dropless(x_TxD, experts_TxK, weights_TxK, ex: plans.ExpertWeights, used_TxK=None):
   """Dropless y_TxD from the routing: the FFI calls plan it (`native.dropless`); assignments
-  outside `used_TxK` are passed as expert E (no row). Only where the library is built
-  (`dispatch.KERNELS` plans and runs `run` otherwise)."""
+  outside `used_TxK` are passed as expert E (no row)."""
   E = ex.w_gate_ExDxF.shape[0]
   e_TxK = jnp.asarray(experts_TxK, jnp.int32)
   if used_TxK is not None:

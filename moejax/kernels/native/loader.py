@@ -3,8 +3,9 @@
 The library is built by `pip install -e .` (setup.py, an optional extension: no compiler, no
 library) next to this file, with the OpenBLAS it calls (`libscipy_openblas.so`, from the
 scipy-openblas32 wheel, copied beside it at build time). `MOEJAX_NATIVE_LIB` names another
-build (the sanitizer test's). When anything is missing, `available()` is False and one log
-line says why; the dispatcher then runs `fused`.
+build (the sanitizer test's). Nothing is loaded until a program using the kernel is traced
+(`load`). When anything is missing, `load()` says why: `impl=auto` then runs `fused` (one log
+line), and an explicit `impl=native` is a one-line UserError (`moejax.kernels.registry`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import logging
 import os
 import sysconfig
 from pathlib import Path
 
 import jax
 
-log = logging.getLogger(__name__)
+from moejax.errors import UserError
+
 HERE = Path(__file__).parent
 TARGETS = (  # the planned calls (`ops`) and the dropless ones that plan inside (`dropless`)
   "moejax_native_forward",
@@ -106,7 +107,7 @@ def _init_first(lib: ctypes.CDLL, lib_dir: Path) -> str | None:
 @functools.cache
 def load() -> str | None:
   """Loads and registers the FFI targets for the CPU platform. Returns None when the kernel
-  is ready, else the reason it is not (logged once)."""
+  is ready, else the reason it is not."""
   path = library_path()
   reason = None
   if path is None or not path.exists():
@@ -120,10 +121,22 @@ def load() -> str | None:
           jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     except (OSError, AttributeError) as e:
       reason = f"{path}: {e}"
-  if reason is not None:
-    log.warning("moejax native CPU kernel unavailable, using fused: %s", reason)
   return reason
 
 
 def available() -> bool:
   return load() is None
+
+
+def missing() -> str | None:
+  """What the kernel lacks here (`registry.Kernel.missing`), None when it is ready."""
+  reason = load()
+  return None if reason is None else f"its C++ library is unavailable: {reason}"
+
+
+def require() -> None:
+  """The library loaded, else the one UserError line of an explicit `impl="native"`."""
+  if (reason := missing()) is not None:
+    raise UserError(
+      f"model.moe.impl='native' cannot run here: {reason}; use model.moe.impl=auto or 'fused'"
+    )
