@@ -8,6 +8,7 @@ work is done by `moejax.kgrid`.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from absl import flags
@@ -26,6 +27,10 @@ _K2 = flags.DEFINE_string(
 _SEQUENCES = flags.DEFINE_integer("sequences", None, "Held-out sequences (default eval.sequences).")
 _BATCH = flags.DEFINE_integer("batch_size", None, "Eval batch size (default eval.batch_size).")
 _RESAMPLES = flags.DEFINE_integer("resamples", None, "Bootstrap resamples (default 2000).")
+_TASKS = flags.DEFINE_string("tasks", None, "lm-eval tasks (names or YAML files), comma-separated.")
+_INCLUDE = flags.DEFINE_string("include_path", None, "--tasks: a folder of task YAMLs.")
+_LIMIT = flags.DEFINE_integer("limit", None, "--tasks: at most this many items per task.")
+_DTYPE = flags.DEFINE_string("dtype", "float32", "--tasks: parameters in float32 or bfloat16.")
 _GAIN_SEQUENCES = flags.DEFINE_integer(
   "gain_sequences", None, "Calibration windows of the gain fit (default eval.gain_sequences)."
 )
@@ -40,6 +45,8 @@ def main() -> int:
   config, checkpoints = (runio.path(_WORKDIR.value, n) for n in ("config.json", "checkpoints"))
   if config.exists() and not checkpoints.is_dir():  # orbax's manager would create it
     cli.fail(f"--workdir {_WORKDIR.value}: no checkpoints/ (not trained yet); train first")
+  if _TASKS.value is not None:
+    return _tasks()
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
@@ -58,6 +65,24 @@ def main() -> int:
   if main_process:
     sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
     print(runio.read_text(runio.path(_WORKDIR.value, "eval", *sub, "k_grid.md")))
+  return 0
+
+
+def _tasks() -> int:
+  """`--tasks`: the grid in downstream accuracy (moejax.downstream; the `eval` extra)."""
+  try:
+    found = importlib.util.find_spec("lm_eval") is not None
+  except (ImportError, ValueError):  # a module hidden by sys.modules["lm_eval"] = None
+    found = False
+  if not found:
+    cli.fail("--tasks needs lm-eval, the eval extra: pip install 'moejax[eval]'")
+  from moejax import runio as cli_runio  # pylint: disable=import-outside-toplevel
+  from moejax.downstream.grid import md_path, run_task_grid  # pylint: disable=import-outside-toplevel
+
+  kw = {"include_path": _INCLUDE.value, "limit": _LIMIT.value, "dtype": _DTYPE.value}
+  kw |= {"k1": _K1.value, "k2": _K2.value, "step": _STEP.value, "batch_size": _BATCH.value}
+  for name in run_task_grid(_WORKDIR.value, _TASKS.value, resamples=_RESAMPLES.value, **kw):
+    print(cli_runio.read_text(md_path(_WORKDIR.value, name)))
   return 0
 
 

@@ -15,6 +15,7 @@ from moejax.downstream import scoring
 from moejax.nn.model import moe_layers
 from moejax.nn.moe import RouterBias
 from moejax.nn.overrides import Overrides
+from tiers import FULL
 
 SEQ_LEN, V = 32, 257
 
@@ -56,7 +57,12 @@ def _requests(seed=0):
 
 
 @pytest.mark.parametrize(
-  "dispatch,second", [("dropless", "all"), ("capacity", "all"), ("dropless", "random")]
+  "dispatch,second",
+  [
+    ("dropless", "all"),
+    pytest.param("capacity", "all", marks=FULL),
+    pytest.param("dropless", "random", marks=FULL),
+  ],
 )
 def test_alone_equals_batched(dispatch, second):
   model, sc = _model(dispatch, second)
@@ -85,6 +91,7 @@ def test_shared_context_takes_one_forward_and_truncates_left():
   np.testing.assert_allclose(got.logprob, ref, rtol=1e-5, atol=1e-4)
 
 
+@FULL
 def test_cell_changes_the_score():
   model, sc = _model("dropless")
   reqs = _requests()
