@@ -1,4 +1,5 @@
-"""`python -m moejax.evaluate --workdir DIR [--step N] [--k1 8,4,2] [--k2 native,k1,K,4K,E,gain]`.
+"""`python -m moejax.evaluate --workdir DIR [--step N] [--k1 8,4,2] [--k2 native,k1,K,4K,E,gain]`
+(or `--tasks T[,T...]`: the same grid in downstream accuracy, docs/kgrid.md "Downstream tasks").
 
 Evaluates a checkpoint at fewer experts (k1) under every normalization (k2) and the
 rescaling cells (`sqrt`, `gain`) on the held-out split. Writes DIR/eval/k_grid.{jsonl,md,png}
@@ -8,12 +9,12 @@ work is done by `moejax.kgrid`.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 from absl import flags
 
 from moejax import cli
+from moejax.downstream import entry
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -45,8 +46,11 @@ def main() -> int:
   config, checkpoints = (runio.path(_WORKDIR.value, n) for n in ("config.json", "checkpoints"))
   if config.exists() and not checkpoints.is_dir():  # orbax's manager would create it
     cli.fail(f"--workdir {_WORKDIR.value}: no checkpoints/ (not trained yet); train first")
-  if _TASKS.value is not None:
-    return _tasks()
+  if _TASKS.value is not None:  # the grid in downstream accuracy (docs/kgrid.md)
+    kw = {"include_path": _INCLUDE.value, "limit": _LIMIT.value, "dtype": _DTYPE.value}
+    kw |= {"k1": _K1.value, "k2": _K2.value, "step": _STEP.value, "batch_size": _BATCH.value}
+    entry.run_tasks(_WORKDIR.value, _TASKS.value, resamples=_RESAMPLES.value, **kw)
+    return 0
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
@@ -65,24 +69,6 @@ def main() -> int:
   if main_process:
     sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
     print(runio.read_text(runio.path(_WORKDIR.value, "eval", *sub, "k_grid.md")))
-  return 0
-
-
-def _tasks() -> int:
-  """`--tasks`: the grid in downstream accuracy (moejax.downstream; the `eval` extra)."""
-  try:
-    found = importlib.util.find_spec("lm_eval") is not None
-  except (ImportError, ValueError):  # a module hidden by sys.modules["lm_eval"] = None
-    found = False
-  if not found:
-    cli.fail("--tasks needs lm-eval, the eval extra: pip install 'moejax[eval]'")
-  from moejax import runio as cli_runio  # pylint: disable=import-outside-toplevel
-  from moejax.downstream.grid import md_path, run_task_grid  # pylint: disable=import-outside-toplevel
-
-  kw = {"include_path": _INCLUDE.value, "limit": _LIMIT.value, "dtype": _DTYPE.value}
-  kw |= {"k1": _K1.value, "k2": _K2.value, "step": _STEP.value, "batch_size": _BATCH.value}
-  for name in run_task_grid(_WORKDIR.value, _TASKS.value, resamples=_RESAMPLES.value, **kw):
-    print(cli_runio.read_text(md_path(_WORKDIR.value, name)))
   return 0
 
 

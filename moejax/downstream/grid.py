@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import jax
 import numpy as np
@@ -141,15 +140,11 @@ def run_task_grid(
     title = f"{name}: {c.model.moe.rule} K={K} E={E} step {tm.run.step}, Δ accuracy vs native k1=K"
     kw = {"title": title, "n_experts": E, "score": rule.score}
     report.write(report.task_dir(workdir, name), rows, items, **kw)
+    log(report.markdown(rows, **kw))
     _log_wandb(workdir, c, name, rows)
   for n in notes:
     log(f"note: {n}")
   return {name: rows for name, (rows, _) in out.items()}
-
-
-def md_path(workdir: str, task: str) -> str:
-  """The k_grid.md of `task` in run `workdir`."""
-  return os.path.join(report.task_dir(workdir, task), "k_grid.md")
 
 
 def _log_wandb(workdir: str, c, task: str, rows: list[dict]) -> None:
