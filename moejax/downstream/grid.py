@@ -59,7 +59,9 @@ def task_rows(cells, items: dict, *, resamples: int, seed: int) -> list[dict]:
   adjusted = stats.holm([r["mcnemar_p"] for r in rows[1:]]) if len(rows) > 1 else []
   for r, p in zip(rows, [1.0, *adjusted]):
     r["p_holm"] = float(p)
-  return [{k: r[k] for k in ROW_KEYS} | {"loglik_gold": _mean_ll(items[c])} for r, c in zip(rows, cells)]
+  return [
+    {k: r[k] for k in ROW_KEYS} | {"loglik_gold": _mean_ll(items[c])} for r, c in zip(rows, cells)
+  ]
 
 
 def _mean_ll(items: list[dict]) -> float:
@@ -74,13 +76,15 @@ def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
   run = tm.run
   fwd = CellForward(run.graphdef, run.params, run.router, run.n_moe_layers)
   calib = run.heldout_NxL1[:n_calib]
-  batches = [np.asarray(calib[i : i + batch_size], np.int32) for i in range(0, len(calib), batch_size)]
+  batches = [
+    np.asarray(calib[i : i + batch_size], np.int32) for i in range(0, len(calib), batch_size)
+  ]
 
   def measure_ms(k1: int, scale_M):
     return fwd.run(batches, k1, scale_M=scale_M).layers["routed_out_rms"]
 
   target = functools.cache(lambda: measure_ms(K, None))
-  inputs = lambda k1: gain_lib.ScaleInputs(k1, K, run.n_moe_layers, measure_ms, target)  # noqa: E731
+  inputs = lambda k1: gain_lib.ScaleInputs(k1, K, run.n_moe_layers, measure_ms, target)
   return {(k1, k2): cells_lib.RESCALINGS[k2].scale(inputs(k1)) for k1, k2 in wanted}
 
 

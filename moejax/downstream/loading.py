@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -14,6 +16,7 @@ from moejax.data.tokenizer import Tokenizer
 from moejax.downstream.scoring import Scorer
 from moejax.errors import UserError
 from moejax.kgrid.loading import EvalRun, load_run
+from moejax.training import workdir as workdir_lib
 
 DTYPES = ("float32", "bfloat16")
 
@@ -33,6 +36,20 @@ def run_tokenizer(c, workdir: str) -> Tokenizer:
   return data_lib.split_corpus(data_cfg, workdir).tokenizer
 
 
+def max_length(c, workdir: str) -> int:
+  """Tokens a request keeps (truncated from the left): a trained run's data.seq_len; an
+  imported run's `max_position_embeddings` (its transformers config.json), as lm-eval's HF
+  model truncates."""
+  source = workdir_lib.imported_from(workdir_lib.read_saved(workdir))
+  path = os.path.join(source, "config.json") if source else ""
+  if path and os.path.isfile(path):
+    with open(path) as f:
+      n = json.load(f).get("max_position_embeddings")
+    if isinstance(n, int) and n > 0:
+      return n
+  return int(c.data.seq_len)
+
+
 def check_dtype(dtype: str) -> None:
   if dtype not in DTYPES:
     raise UserError(f"--dtype {dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
@@ -43,7 +60,7 @@ def cast_params(params, dtype: str):
   check_dtype(dtype)
   if dtype == "float32":
     return params
-  floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+  floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
   return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if floating(x) else x, params)
 
 
@@ -60,7 +77,7 @@ def load_task_model(
     cast_params(run.params, dtype),
     run.router,
     n_moe_layers=run.n_moe_layers,
-    seq_len=c.data.seq_len,
+    seq_len=max_length(c, workdir),
     moe_cfg=moe_cfg,
     batch_size=batch_size,
   )

@@ -52,7 +52,9 @@ def build_items(docs: list[str], spec: Spec) -> list[dict]:
   rng = random.Random(f"moejax-nextline-{spec.seed}")
   lines_D = [d.split("\n") for d in docs]
   all_lines = [(d, line) for d, lines in enumerate(lines_D) for line in lines if line.strip()]
-  points = [(d, j) for d, lines in enumerate(lines_D) for j in range(1, len(lines)) if lines[j].strip()]
+  points = [
+    (d, j) for d, lines in enumerate(lines_D) for j in range(1, len(lines)) if lines[j].strip()
+  ]
   rng.shuffle(points)
   items, seen = [], set()
   for d, j in points:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -93,9 +94,13 @@ def _env():
   )
 
 
+def _jsonl(path) -> list[dict]:
+  return [json.loads(x) for x in pathlib.Path(path).read_text().splitlines()]
+
+
 def _run(*args):
   return subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True,
-                        env=_env(), timeout=900)  # fmt: skip
+                        env=_env(), timeout=900, check=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +127,9 @@ def test_trained_run_above_chance_end_to_end(trained):
     ["k_grid.jsonl", "k_grid.md", "k_grid.png"]
     + [report.items_name(*c) for c in [(4, "native"), (4, 4), (2, "native"), (2, 4)]]
   )
-  rows = [json.loads(x) for x in open(os.path.join(out, "k_grid.jsonl"))]
+  rows = _jsonl(os.path.join(out, "k_grid.jsonl"))
   for r in rows:
-    items = [json.loads(x) for x in open(os.path.join(out, report.items_name(r["k1"], r["k2"])))]
+    items = _jsonl(os.path.join(out, report.items_name(r["k1"], r["k2"])))
     assert [o["doc_id"] for o in items] == list(range(200))
     assert r["accuracy"] == pytest.approx(np.mean([o["correct"] for o in items]))
   native = rows[0]
@@ -161,12 +166,13 @@ def test_random_init_at_chance(trained):
 
 @FULL
 def test_bad_inputs_one_line_nothing_written(trained, tmp_path):
-  workdir, yaml = trained
-  item = {"id": 0, "context": "ab\udcff\n", "choices": ["a", "b"], "gold": 0}
+  workdir, _ = trained
+  item = {"id": 0, "context": "ab\n", "choices": ["a", "b"], "gold": 0}
   jsonl = tmp_path / "nextline.jsonl"
-  jsonl.write_text(json.dumps(item) + "\n")  # a lone surrogate: no UTF-8 bytes for it
-  bad = tmp_path / "surrogate.yaml"
-  bad.write_text(nextline.task_yaml(str(jsonl)).replace("task: nextline", "task: surrogate"))
+  jsonl.write_text(json.dumps(item) + "\n")
+  bad = tmp_path / "surrogate.yaml"  # the prompt ends in a lone surrogate: it has no UTF-8 form
+  text = nextline.task_yaml(str(jsonl)).replace("task: nextline", "task: surrogate")
+  bad.write_text(text.replace("doc_to_text: context", 'doc_to_text: "{{context}}\\udcff"'))
   cases = {
     "cannot encode": [bad],
     "unknown task": ["no_such_task_anywhere"],

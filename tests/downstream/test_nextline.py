@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -37,7 +38,7 @@ def test_items_from_heldout_docs_only_seeded_and_distinct(tmp_path):
   spec = nextline.Spec(items=60, choices=4, context_chars=80, seed=3)
   assert nextline.heldout_docs(cfg) == held and not set(held) & set(train)
   yaml, n = nextline.write_task(cfg, str(tmp_path), spec)
-  items = [json.loads(x) for x in open(tmp_path / "nextline.jsonl")]
+  items = [json.loads(x) for x in (tmp_path / "nextline.jsonl").read_text().splitlines()]
   assert n == len(items) == 60
   assert items == nextline.build_items(held, spec)  # seeded: the same again
   assert items != nextline.build_items(held, spec._replace(seed=4))
@@ -55,7 +56,7 @@ def test_items_from_heldout_docs_only_seeded_and_distinct(tmp_path):
       if j != it["gold"]:
         assert any(("\n" + ch) in ("\n" + d) for d in held if d not in owner)
   assert sorted({it["gold"] for it in items}) == [0, 1, 2, 3]
-  text = open(yaml).read()
+  text = pathlib.Path(yaml).read_text()
   assert "dataset_path: json" in text and str(tmp_path / "nextline.jsonl") in text
 
 
@@ -82,7 +83,11 @@ def test_task_files_checked_before_anything_runs(tmp_path):
   bad = _yaml(tmp_path, "bad.yaml", "task: x\n  dataset_path: [json\n")
   with pytest.raises(UserError, match="bad.yaml: task file does not parse"):
     tasks_lib.load_tasks(bad)
-  gen = open(good).read().replace("output_type: multiple_choice", "output_type: generate_until")
+  gen = (
+    pathlib.Path(good)
+    .read_text()
+    .replace("output_type: multiple_choice", "output_type: generate_until")
+  )
   gen = _yaml(tmp_path, "gen.yaml", gen.replace("task: nextline", "task: gen_only"))
   with pytest.raises(UserError, match="gen_only is a generate_until task"):
     tasks_lib.load_tasks(gen)
@@ -100,7 +105,9 @@ def test_tasks_without_lm_eval_names_the_pip_command(tmp_path):
     "runpy.run_module('moejax.evaluate', run_name='__main__')"
   )
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+  p = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+  )
   assert p.returncode == 2, p.stderr
   lines = p.stderr.strip().splitlines()
   assert lines == ["error: --tasks needs lm-eval, the eval extra: pip install 'moejax[eval]'"]
@@ -113,5 +120,7 @@ def test_importing_moejax_never_imports_lm_eval():
     "print('lm_eval' in sys.modules)"
   )
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+  p = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+  )
   assert p.stdout.strip() == "False", p.stderr

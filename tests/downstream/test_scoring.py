@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from tiers import FULL
 
 from moejax import build
 from moejax import config as config_lib
@@ -15,7 +16,6 @@ from moejax.downstream import scoring
 from moejax.nn.model import moe_layers
 from moejax.nn.moe import RouterBias
 from moejax.nn.overrides import Overrides
-from tiers import FULL
 
 SEQ_LEN, V = 32, 257
 
