@@ -17,7 +17,8 @@ from tiers import FULL
 
 from moejax import config as config_lib
 from moejax import stats
-from moejax.downstream import grid, nextline, report
+from moejax.downstream import nextline, report
+from moejax.downstream import rows as grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHOICES = 4

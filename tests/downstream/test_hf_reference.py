@@ -30,7 +30,7 @@ def test_cast_params_and_dtype_names():
 
 def _task(tmp_path, name: str) -> str:
   rng = np.random.default_rng(0)
-  words = "the quick brown fox jumps over it".split()
+  words = ["the", "quick", "brown", "fox", "jumps", "over", "it"]
   items = []
   for i in range(12):
     ctx = f"paragraph {i}: " + " ".join(rng.choice(words, size=3))
