@@ -90,7 +90,7 @@ class _Window(NamedTuple):
 
 def window(context: Sequence[int], continuation: Sequence[int], seq_len: int) -> _Window:
   """The scored window of a request, truncated from the left to seq_len inputs."""
-  if not continuation:
+  if len(continuation) == 0:
     raise UserError("a request's continuation encodes to no tokens; nothing to score")
   if len(continuation) > seq_len:
     raise UserError(

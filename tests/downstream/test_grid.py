@@ -171,9 +171,11 @@ def test_bad_inputs_one_line_nothing_written(trained, tmp_path):
   item = {"id": 0, "context": "ab\n", "choices": ["a", "b"], "gold": 0}
   jsonl = tmp_path / "nextline.jsonl"
   jsonl.write_text(json.dumps(item) + "\n")
-  bad = tmp_path / "surrogate.yaml"  # the prompt ends in a lone surrogate: it has no UTF-8 form
+  # the task's own prompt function appends a lone surrogate: text with no UTF-8 form
+  (tmp_path / "prompt.py").write_text('def text(doc):\n  return doc["context"] + "\\udcff"\n')
+  bad = tmp_path / "surrogate.yaml"
   text = nextline.task_yaml(str(jsonl)).replace("task: nextline", "task: surrogate")
-  bad.write_text(text.replace("doc_to_text: context", 'doc_to_text: "{{context}}\\udcff"'))
+  bad.write_text(text.replace("doc_to_text: context", "doc_to_text: !function prompt.text"))
   cases = {
     "cannot encode": [bad],
     "unknown task": ["no_such_task_anywhere"],

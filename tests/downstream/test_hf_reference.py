@@ -66,6 +66,13 @@ def test_per_item_logliks_match_lm_eval_hf(fam, tmp_path):
   from moejax.kgrid.loading import load_config
 
   _, run, _, src = test_hf.Imported(tmp_path)[fam, True]
+  # transformers' own class for the family would rebuild the tokenizer from its vocabulary
+  # (OLMoE's GPT-NeoX class adds a byte-level pre-tokenizer this character vocabulary lacks);
+  # both sides read the same tokenizer.json, as the import does
+  tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+  (src / "tokenizer_config.json").write_text(
+    json.dumps(tok_cfg | {"tokenizer_class": "PreTrainedTokenizerFast"})
+  )
   k1_src = tmp_path / f"{fam}_hf_k1"
   shutil.copytree(src, k1_src)
   cfg = json.loads((k1_src / "config.json").read_text())
