@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from lm_eval import evaluator
 
-from moejax import build, runio
+from moejax import build, distributed, runio
 from moejax.downstream import report, scoring
 from moejax.downstream import tasks as tasks_lib
 from moejax.downstream.lm import MoejaxLM
@@ -51,6 +51,14 @@ def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
   return {(k1, k2): cells_lib.RESCALINGS[k2].scale(inputs(k1)) for k1, k2 in wanted}
 
 
+def _cells(c, k1: str, k2: str, rule) -> tuple[list, list[str]]:
+  """The grid's cells (arguments win over the run's eval.k1/k2), the reference first."""
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)
+  labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
+  return cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
+
+
 def _evaluate(lm, name: str, task, limit) -> list[dict]:
   """lm-eval's per-item samples of one task at the scorer's current cell."""
   results = evaluator.evaluate(
@@ -74,8 +82,8 @@ def run_task_grid(
   log=print,
 ) -> dict[str, list[dict]]:
   """Runs every cell on every task; writes each task's files; returns {task: rows}."""
-  if jax.process_count() > 1:
-    raise UserError("--tasks runs in one process; launch python -m moejax.evaluate once")
+  if distributed.env_processes() is not None or jax.process_count() > 1:
+    raise UserError("--tasks runs in one process; unset JAX_NUM_PROCESSES and launch it once")
   if limit is not None and limit < 1:
     raise UserError(f"--limit={limit} is not allowed; use an int >= 1")
   logging.getLogger("lm_eval").setLevel(logging.ERROR)
@@ -85,10 +93,7 @@ def run_task_grid(
   task_objs = tasks_lib.load_tasks(tasks, include_path)
   rule = build.moe_config(c).merge_rule
   K, E = c.model.moe.top_k, c.model.moe.n_experts
-  k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)
-  cells, notes = cells_lib.cells(
-    k1s, cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s), K, E, normalizes=rule.norm != "none"
-  )
+  cells, notes = _cells(c, k1, k2, rule)
   bs = batch_size or c.eval.batch_size
   tm = load_task_model(workdir, c, step=step, dtype=dtype, batch_size=bs)
   scales = _scales(tm, cells, K, c.eval.gain_sequences, bs)

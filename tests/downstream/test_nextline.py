@@ -124,3 +124,14 @@ def test_importing_moejax_never_imports_lm_eval():
     [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
   )
   assert p.stdout.strip() == "False", p.stderr
+
+
+def test_multi_process_launch_refused(monkeypatch, tmp_path):
+  from moejax.downstream import grid  # imports lm-eval
+
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:12355")
+  monkeypatch.setenv("JAX_PROCESS_ID", "0")
+  with pytest.raises(UserError, match="--tasks runs in one process"):
+    grid.run_task_grid(str(tmp_path), "nextline")
+  assert os.listdir(tmp_path) == []
