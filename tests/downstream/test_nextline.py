@@ -116,7 +116,7 @@ def test_tasks_without_lm_eval_names_the_pip_command(tmp_path):
 
 def test_importing_moejax_never_imports_lm_eval():
   code = (
-    "import sys, moejax, moejax.evaluate, moejax.stats, moejax.tasks; "
+    "import sys, moejax, moejax.evaluate, moejax.stats, moejax.downstream.entry; "
     "print('lm_eval' in sys.modules)"
   )
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -5,6 +5,7 @@ capacity dispatch; shared contexts take one forward; truncation from the left.""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -26,8 +27,17 @@ def _model(dispatch: str, second_expert: str = "all"):
   c.model.moe.update(rule="mixtral", n_experts=8, top_k=4, d_expert=16, dispatch=dispatch)
   c.model.moe.update(min_capacity=0, eval_capacity_factor=0.5, second_expert=second_expert)
   c.data.update(seq_len=SEQ_LEN)
-  model = build.build_model(c, V)
-  graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
+  # random parameters drawn here (no init compile): norm scales near 1, the rest N(0, 0.3)
+  graphdef, params, router = nnx.split(build.abstract_model(c, V), nnx.Param, RouterBias)
+  rng = np.random.default_rng(0)
+
+  def draw(path, leaf):
+    near = 1.0 if "scale" in jax.tree_util.keystr(path) else 0.0
+    return jnp.asarray(near + rng.normal(0.0, 0.3, leaf.shape), leaf.dtype)
+
+  params = jax.tree_util.tree_map_with_path(draw, params)
+  router = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), router)
+  model = nnx.merge(graphdef, params, router)
   n_moe = len(moe_layers(model.cfg))
   return model, scoring.Scorer(
     graphdef, params, router, n_moe_layers=n_moe, seq_len=SEQ_LEN, moe_cfg=model.cfg.moe,
@@ -35,10 +45,18 @@ def _model(dispatch: str, second_expert: str = "all"):
   )  # fmt: skip
 
 
+_FORWARDS: dict = {}  # (model, k1) -> its jitted full forward
+
+
 def _reference(model, ctx, cont, k1=None):
   """Σ log p of the continuation from one unpadded forward of the window (no bucket)."""
   full = (list(ctx) + list(cont))[-(SEQ_LEN + 1) :]
-  logits = model(np.asarray([full[:-1]], np.int32), train=False, ov=Overrides(k=k1))[0]
+  graphdef, state = nnx.split(model)
+  key = (id(model), k1)
+  if key not in _FORWARDS:
+    ov = Overrides(k=k1)
+    _FORWARDS[key] = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, train=False, ov=ov)[0])
+  logits = _FORWARDS[key](state, np.asarray([full[:-1]], np.int32))
   logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64)[0], axis=-1))
   n = len(full) - 1
   pos = range(n - len(cont), n)
@@ -59,7 +77,7 @@ def _requests(seed=0):
 @pytest.mark.parametrize(
   "dispatch,second",
   [
-    ("dropless", "all"),
+    pytest.param("dropless", "all", marks=FULL),
     pytest.param("capacity", "all", marks=FULL),
     pytest.param("dropless", "random", marks=FULL),
   ],
@@ -82,13 +100,14 @@ def test_alone_equals_batched(dispatch, second):
 
 def test_shared_context_takes_one_forward_and_truncates_left():
   model, sc = _model("dropless")
-  reqs = _requests()[:4]  # four one-token choices of one context
-  sc.loglikelihood(reqs)
+  ctx = list(range(1, 60))  # truncated from the left to the last 33 tokens (one bucket: 32)
+  reqs = [(ctx, [t]) for t in (5, 6, 7, 8)]  # four one-token choices of one context
+  got = sc.loglikelihood(reqs)
   assert sc.forwards == sc.batch_size  # one padded batch, one row used
-  long_ctx = list(range(1, 60))
-  got = sc.loglikelihood([(long_ctx, [5, 6])])[0]
-  ref, _ = _reference(model, long_ctx[-(SEQ_LEN - 1) :], [5, 6])  # the same last 33 tokens
-  np.testing.assert_allclose(got.logprob, ref, rtol=1e-5, atol=1e-4)
+  for (_, cont), score in zip(reqs, got):
+    ref, greedy = _reference(model, ctx[-SEQ_LEN:], cont)
+    np.testing.assert_allclose(score.logprob, ref, rtol=1e-5, atol=1e-4)
+    assert score.is_greedy == greedy
 
 
 @FULL
