@@ -1,4 +1,5 @@
-"""`python -m moejax.evaluate --workdir DIR [--step N] [--k1 8,4,2] [--k2 native,k1,K,4K,E,gain]`.
+"""`python -m moejax.evaluate --workdir DIR [--step N] [--k1 8,4,2] [--k2 native,k1,K,4K,E,gain]`
+(or `--tasks T[,T...]`: the same grid in downstream accuracy, docs/kgrid.md "Downstream tasks").
 
 Evaluates a checkpoint at fewer experts (k1) under every normalization (k2) and the
 rescaling cells (`sqrt`, `gain`) on the held-out split. Writes DIR/eval/k_grid.{jsonl,md,png}
@@ -13,6 +14,7 @@ import sys
 from absl import flags
 
 from moejax import cli
+from moejax.downstream import entry
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -26,6 +28,10 @@ _K2 = flags.DEFINE_string(
 _SEQUENCES = flags.DEFINE_integer("sequences", None, "Held-out sequences (default eval.sequences).")
 _BATCH = flags.DEFINE_integer("batch_size", None, "Eval batch size (default eval.batch_size).")
 _RESAMPLES = flags.DEFINE_integer("resamples", None, "Bootstrap resamples (default 2000).")
+_TASKS = flags.DEFINE_string("tasks", None, "lm-eval tasks (names or YAML files), comma-separated.")
+_INCLUDE = flags.DEFINE_string("include_path", None, "--tasks: a folder of task YAMLs.")
+_LIMIT = flags.DEFINE_integer("limit", None, "--tasks: at most this many items per task.")
+_DTYPE = flags.DEFINE_string("dtype", "float32", "--tasks: parameters in float32 or bfloat16.")
 _GAIN_SEQUENCES = flags.DEFINE_integer(
   "gain_sequences", None, "Calibration windows of the gain fit (default eval.gain_sequences)."
 )
@@ -40,6 +46,11 @@ def main() -> int:
   config, checkpoints = (runio.path(_WORKDIR.value, n) for n in ("config.json", "checkpoints"))
   if config.exists() and not checkpoints.is_dir():  # orbax's manager would create it
     cli.fail(f"--workdir {_WORKDIR.value}: no checkpoints/ (not trained yet); train first")
+  if _TASKS.value is not None:  # the grid in downstream accuracy (docs/kgrid.md)
+    kw = {"include_path": _INCLUDE.value, "limit": _LIMIT.value, "dtype": _DTYPE.value}
+    kw |= {"k1": _K1.value, "k2": _K2.value, "step": _STEP.value, "batch_size": _BATCH.value}
+    entry.run_tasks(_WORKDIR.value, _TASKS.value, resamples=_RESAMPLES.value, **kw)
+    return 0
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)

@@ -1,7 +1,10 @@
 """Statistics for the k1:k2 grid: paired per-sequence tests of a cell against the reference
-cell within one run, and a seed-level (hierarchical bootstrap) estimate across runs."""
+cell within one run, a seed-level (hierarchical bootstrap) estimate across runs, and the
+downstream-task tests on per-item right/wrong outcomes (exact McNemar, Holm)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats as sps
@@ -115,3 +118,77 @@ def seed_level(
   alpha = 1.0 - confidence
   low, high = np.quantile(means_RxS.mean(axis=1), [alpha / 2, 1.0 - alpha / 2])
   return float(np.mean([d.mean() for d in seeds])), (float(low), float(high))
+
+
+# ----------------------------------------------------------------- per-item right/wrong outcomes
+
+
+class AccuracyDelta(NamedTuple):
+  """A cell's per-item outcomes against the reference cell's on the same items."""
+
+  accuracy: float
+  delta_points: float  # 100 · (accuracy − reference accuracy)
+  flips_to_wrong: int  # right at the reference, wrong here
+  flips_to_right: int  # wrong at the reference, right here
+  mcnemar_p: float  # exact (binomial) McNemar on the discordant pairs
+  delta_ci95: tuple[float, float]  # paired bootstrap over items, in points
+  n_items: int
+
+
+def mcnemar_exact(flips_to_wrong: int, flips_to_right: int) -> float:
+  """Two-sided exact McNemar p: under H0 each of the b + c discordant items flips either way
+  with probability 1/2, so p = min(1, 2·P[Binomial(b + c, 1/2) <= min(b, c)]); 1 for b + c = 0."""
+  b, c = int(flips_to_wrong), int(flips_to_right)
+  if b < 0 or c < 0:
+    raise UserError(f"flips: counts must be >= 0, got {b} and {c}")
+  if b + c == 0:
+    return 1.0
+  return float(min(1.0, 2.0 * sps.binom.cdf(min(b, c), b + c, 0.5)))
+
+
+def holm(p_values) -> np.ndarray:
+  """Holm–Bonferroni adjusted p-values, in the input's order (step-down, made monotone)."""
+  p_P = np.asarray(p_values, np.float64)
+  if p_P.ndim != 1 or not np.all((p_P >= 0) & (p_P <= 1)):
+    raise UserError(f"p_values: must be a 1-D array of probabilities in [0, 1], got {p_values!r}")
+  m = p_P.size
+  order = np.argsort(p_P, kind="stable")
+  stepped = np.maximum.accumulate((m - np.arange(m)) * p_P[order])
+  out = np.empty(m)
+  out[order] = np.minimum(1.0, stepped)
+  return out
+
+
+def _as_outcomes(correct_N, name: str) -> np.ndarray:
+  out = np.asarray(correct_N)
+  if out.ndim != 1 or out.size == 0 or not np.isin(out, (0, 1)).all():
+    raise UserError(f"{name}: must be a non-empty 1-D array of 0/1 (or bool) outcomes")
+  return out.astype(bool)
+
+
+def accuracy_delta(correct_N, ref_correct_N, **kw) -> AccuracyDelta:
+  """Accuracy, Δ points, flips, exact McNemar p and the paired-bootstrap CI of Δ (points) of
+  a cell's per-item outcomes against the reference's. `kw` goes to `paired_bootstrap_ci`."""
+  now_N, ref_N = _as_outcomes(correct_N, "correct_N"), _as_outcomes(ref_correct_N, "ref_correct_N")
+  if now_N.shape != ref_N.shape:
+    raise UserError(
+      f"ref_correct_N: shape {ref_N.shape} must equal correct_N shape {now_N.shape} (same items)"
+    )
+  diff_N = 100.0 * (now_N.astype(np.float64) - ref_N)
+  to_wrong, to_right = int(np.sum(ref_N & ~now_N)), int(np.sum(~ref_N & now_N))
+  ci = (0.0, 0.0) if to_wrong + to_right == 0 else paired_bootstrap_ci(diff_N, **kw)
+  return AccuracyDelta(
+    accuracy=float(now_N.mean()),
+    delta_points=float(diff_N.mean()),
+    flips_to_wrong=to_wrong,
+    flips_to_right=to_right,
+    mcnemar_p=mcnemar_exact(to_wrong, to_right),
+    delta_ci95=ci,
+    n_items=int(now_N.size),
+  )
+
+
+def binomial_ci(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+  """Clopper–Pearson (exact) CI of a proportion, e.g. an accuracy against chance."""
+  res = sps.binomtest(int(successes), int(n)).proportion_ci(confidence, method="exact")
+  return float(res.low), float(res.high)

@@ -162,6 +162,16 @@ RUN_BY_TESTS: dict[str, str] = {
   'pip install -e ".[test,tpu,cuda]" && JAX_PLATFORMS=cpu pytest -n 2 -m "full or not full"': (
     ".ci/run"
   ),
+  # docs/kgrid.md, "Downstream tasks"
+  'pip install -e ".[eval]"': (
+    "tests/downstream/test_nextline.py::test_tasks_without_lm_eval_names_the_pip_command"
+  ),
+  "python -m moejax.tasks nextline --workdir runs/quickstart --out tasks/": (
+    "tests/downstream/test_grid.py::trained"
+  ),
+  "python -m moejax.evaluate --workdir runs/quickstart --tasks tasks/nextline.yaml": (
+    "tests/downstream/test_grid.py::test_trained_run_above_chance_end_to_end"
+  ),
   # docs/training.md
   "python -m moejax.train --config configs/quickstart.py --workdir runs/olmoe "
   "--config.model.moe.rule=olmoe": "tests/test_configs.py::test_resume_with_a_changed_resolved_rule_exits_2",

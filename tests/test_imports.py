@@ -30,6 +30,8 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/train.py", "from moejax.kgrid.run import run_grid"): "entry point, after initialize()",
   ("moejax/evaluate.py", "from moejax import distributed, runio"): "entry point, before jax",
   ("moejax/evaluate.py", "from moejax.kgrid.run import run_grid"): "entry point, after init",
+  ("moejax/downstream/entry.py", "from moejax.downstream.grid import run_task_grid"): "lm-eval",
+  ("moejax/downstream/grid.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/hf/__main__.py", "from moejax.hf.importer import import_checkpoint"): "torch",
   ("moejax/hf/__main__.py", "from moejax.hf.exporter import export_run"): "torch",
   # optional or heavy third-party modules, loaded only when the feature is used
@@ -101,7 +103,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("moejax.validate",),  # a run config's one check: the schema and the grid's cells
   ("moejax.hf",),  # transformers checkpoints in and out
   ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
-  ("moejax.train", "moejax.evaluate", "moejax.describe", "moejax.prepare"),  # the entry points
+  ("moejax.downstream",),  # the k1:k2 grid on lm-eval tasks (the `eval` extra)
+  ("moejax.train", "moejax.evaluate", "moejax.describe", "moejax.prepare", "moejax.tasks"),
 )
 
 

@@ -173,8 +173,10 @@ def write_heatmap(
   n_experts: int | None = None,
   score: str = "softmax",
   dpi: int = 100,
+  label: str = "Δ loss (nats/token)",
 ) -> Path:
-  """Heatmap of Δ loss (k1 rows × k2 columns), annotated; significant cells starred, boxed."""
+  """Heatmap of Δ (k1 rows × k2 columns; `label` names it), annotated; significant cells
+  starred and boxed."""
   import matplotlib
   from matplotlib.figure import Figure  # no pyplot: Agg canvas, no global backend state
   from matplotlib.patches import Rectangle
@@ -211,7 +213,7 @@ def write_heatmap(
   ax.set_xlabel("k2 (normalization denominator) or rescaling")
   ax.set_ylabel("k1 (active experts)")
   ax.set_title(title)
-  fig.colorbar(im, ax=ax, label="Δ loss (nats/token)")
+  fig.colorbar(im, ax=ax, label=label)
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=dpi)

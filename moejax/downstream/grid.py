@@ -1,0 +1,138 @@
+"""run_task_grid: every (k1, k2) cell of a run on lm-eval tasks, paired per item against the
+native k1 = K cell (docs/kgrid.md "Downstream tasks").
+
+Per task, DIR/eval/tasks/<task>/k_grid.{jsonl,md,png} and each cell's per-item outcomes
+(`doc_id`, `correct`, `loglik_gold`). Row keys: `k1`, `k2`, `accuracy`, `delta_points`,
+`flips_to_wrong`, `flips_to_right`, `mcnemar_p` (exact), `delta_ci95` (paired bootstrap over
+items, points), `p_holm` (Holm across the grid's cells but the reference), `n_items`.
+Everything is checked (tasks, cells, tokenizer on every item) before a file is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import jax
+import numpy as np
+from lm_eval import evaluator
+
+from moejax import build, distributed, runio
+from moejax.downstream import report, scoring
+from moejax.downstream import tasks as tasks_lib
+from moejax.downstream.lm import MoejaxLM
+from moejax.downstream.loading import load_task_model
+from moejax.downstream.rows import ROW_KEYS, outcomes, task_rows
+from moejax.errors import UserError
+from moejax.kgrid import cells as cells_lib
+from moejax.kgrid import gain as gain_lib
+from moejax.kgrid.forward import CellForward
+from moejax.kgrid.loading import load_config
+from moejax.training.tracking import wandb_dir, wandb_mode
+
+
+def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
+  """{cell: scale_M} of the rescaling cells (`sqrt`; `gain` fitted on held-out windows)."""
+  wanted = [c for c in cells if c[1] in cells_lib.RESCALINGS]
+  if not wanted:
+    return {}
+  run = tm.run
+  fwd = CellForward(run.graphdef, run.params, run.router, run.n_moe_layers)
+  calib = run.heldout_NxL1[:n_calib]
+  batches = [
+    np.asarray(calib[i : i + batch_size], np.int32) for i in range(0, len(calib), batch_size)
+  ]
+
+  def measure_ms(k1: int, scale_M):
+    return fwd.run(batches, k1, scale_M=scale_M).layers["routed_out_rms"]
+
+  target = functools.cache(lambda: measure_ms(K, None))
+  inputs = lambda k1: gain_lib.ScaleInputs(k1, K, run.n_moe_layers, measure_ms, target)
+  return {(k1, k2): cells_lib.RESCALINGS[k2].scale(inputs(k1)) for k1, k2 in wanted}
+
+
+def _cells(c, k1: str, k2: str, rule) -> tuple[list, list[str]]:
+  """The grid's cells (arguments win over the run's eval.k1/k2), the reference first."""
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)
+  labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
+  return cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
+
+
+def _evaluate(lm, name: str, task, limit) -> list[dict]:
+  """lm-eval's per-item samples of one task at the scorer's current cell."""
+  results = evaluator.evaluate(
+    lm, {"tasks": {name: task}}, limit=limit, log_samples=True, bootstrap_iters=0
+  )
+  return results["samples"][name]
+
+
+def run_task_grid(
+  workdir: str,
+  tasks: str,
+  *,
+  include_path: str | None = None,
+  limit: int | None = None,
+  k1: str = "",
+  k2: str = "",
+  step: int | None = None,
+  dtype: str = "float32",
+  batch_size: int | None = None,
+  resamples: int | None = None,
+  log=print,
+) -> dict[str, list[dict]]:
+  """Runs every cell on every task; writes each task's files; returns {task: rows}."""
+  if distributed.env_processes() is not None or jax.process_count() > 1:
+    raise UserError("--tasks runs in one process; unset JAX_NUM_PROCESSES and launch it once")
+  if limit is not None and limit < 1:
+    raise UserError(f"--limit={limit} is not allowed; use an int >= 1")
+  logging.getLogger("lm_eval").setLevel(logging.ERROR)
+  c = load_config(workdir)
+  if c.model.moe_every == 0:
+    raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
+  task_objs = tasks_lib.load_tasks(tasks, include_path)
+  rule = build.moe_config(c).merge_rule
+  K, E = c.model.moe.top_k, c.model.moe.n_experts
+  cells, notes = _cells(c, k1, k2, rule)
+  bs = batch_size or c.eval.batch_size
+  tm = load_task_model(workdir, c, step=step, dtype=dtype, batch_size=bs)
+  scales = _scales(tm, cells, K, c.eval.gain_sequences, bs)
+  lm = MoejaxLM(tm.scorer, tm.tokenizer)
+  resamples = resamples or c.eval.bootstrap_resamples
+  out = {}
+  for name, task in task_objs.items():
+    log(f"task {name}: {len(cells)} cells of {workdir} step {tm.run.step}")
+    items = {}
+    for k1_, k2_ in cells:
+      int_k2 = k2_ if isinstance(k2_, int) else None
+      tm.scorer.cell = scoring.Cell(k1_, int_k2, scales.get((k1_, k2_)))
+      items[(k1_, k2_)] = outcomes(_evaluate(lm, name, task, limit))
+    out[name] = (task_rows(cells, items, resamples=resamples, seed=c.train.seed), items)
+  for name, (rows, items) in out.items():  # every task ran: now write
+    title = f"{name}: {c.model.moe.rule} K={K} E={E} step {tm.run.step}, Δ accuracy vs native k1=K"
+    kw = {"title": title, "n_experts": E, "score": rule.score}
+    report.write(report.task_dir(workdir, name), rows, items, **kw)
+    log(report.markdown(rows, **kw))
+    _log_wandb(workdir, c, name, rows)
+  for n in notes:
+    log(f"note: {n}")
+  return {name: rows for name, (rows, _) in out.items()}
+
+
+def _log_wandb(workdir: str, c, task: str, rows: list[dict]) -> None:
+  """The task's table into the training run's wandb (same run id), as the loss grid does."""
+  id_path = runio.path(workdir, "wandb_run_id")
+  mode = wandb_mode(c.wandb.mode)
+  if mode == "disabled" or not id_path.exists():
+    return
+  import wandb  # pylint: disable=import-outside-toplevel  (allow-listed: tests/test_imports.py)
+
+  run = wandb.init(
+    project=c.wandb.project, entity=c.wandb.entity or None, dir=wandb_dir(workdir),
+    id=runio.read_text(id_path).strip(), resume="allow", mode=mode,
+  )  # fmt: skip
+  cols = [k for k in ROW_KEYS if k != "delta_ci95"] + ["delta_lo", "delta_hi"]
+  data = [[dict(r, k2=str(r["k2"]), delta_lo=r["delta_ci95"][0], delta_hi=r["delta_ci95"][1])[k]
+           for k in cols] for r in rows]  # fmt: skip
+  run.log({f"eval/tasks/{task}/k_grid": wandb.Table(columns=cols, data=data)})
+  run.finish()

@@ -1,0 +1,84 @@
+"""A trained or imported run as the task grid needs it: a `Scorer` and the run's tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.build import abstract_model
+from moejax.data import pipeline as data_lib
+from moejax.data import stream
+from moejax.data.tokenizer import Tokenizer
+from moejax.downstream.scoring import Scorer
+from moejax.errors import UserError
+from moejax.kgrid.loading import EvalRun, load_run
+from moejax.training import workdir as workdir_lib
+
+DTYPES = ("float32", "bfloat16")
+
+
+class TaskModel(NamedTuple):
+  run: EvalRun  # the restored parameters (and held-out windows, for the `gain` fit)
+  scorer: Scorer
+  tokenizer: Tokenizer
+  moe_cfg: Any  # the MoE block's config (top_k, n_experts, merge rule)
+
+
+def run_tokenizer(c, workdir: str) -> Tokenizer:
+  """The run's own tokenizer: the prepared shards', or the one its data split builds."""
+  data_cfg = data_lib.complete(c.data)
+  if data_cfg.prepared:
+    return stream.open_prepared(data_cfg).tokenizer
+  return data_lib.split_corpus(data_cfg, workdir).tokenizer
+
+
+def max_length(c, workdir: str) -> int:
+  """Tokens a request keeps (truncated from the left): a trained run's data.seq_len; an
+  imported run's `max_position_embeddings` (its transformers config.json), as lm-eval's HF
+  model truncates."""
+  source = workdir_lib.imported_from(workdir_lib.read_saved(workdir))
+  path = os.path.join(source, "config.json") if source else ""
+  if path and os.path.isfile(path):
+    with open(path) as f:
+      n = json.load(f).get("max_position_embeddings")
+    if isinstance(n, int) and n > 0:
+      return n
+  return int(c.data.seq_len)
+
+
+def check_dtype(dtype: str) -> None:
+  if dtype not in DTYPES:
+    raise UserError(f"--dtype {dtype!r} is not allowed; use one of {', '.join(DTYPES)}")
+
+
+def cast_params(params, dtype: str):
+  """Floating parameters in `dtype` (`bfloat16` halves an import's memory)."""
+  check_dtype(dtype)
+  if dtype == "float32":
+    return params
+  floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
+  return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if floating(x) else x, params)
+
+
+def load_task_model(
+  workdir: str, c, *, step: int | None, dtype: str = "float32", batch_size: int = 8
+) -> TaskModel:
+  """The run's checkpoint `step` (None: the latest) behind a Scorer, and its tokenizer."""
+  check_dtype(dtype)
+  tok = run_tokenizer(c, workdir)
+  run = load_run(workdir, c, step)
+  moe_cfg = abstract_model(c, tok.vocab_size).cfg.moe
+  scorer = Scorer(
+    run.graphdef,
+    cast_params(run.params, dtype),
+    run.router,
+    n_moe_layers=run.n_moe_layers,
+    seq_len=max_length(c, workdir),
+    moe_cfg=moe_cfg,
+    batch_size=batch_size,
+  )
+  return TaskModel(run, scorer, tok, moe_cfg)

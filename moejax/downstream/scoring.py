@@ -1,0 +1,162 @@
+"""Log-likelihoods of (context, continuation) token requests at one (k1, k2) cell.
+
+A request is scored on its window `(context + continuation)[-(seq_len + 1):]` (truncation
+from the left, as lm-eval's HF model): the input is all but its last token. Requests whose
+inputs are equal (MMLU's one-token choices) share one forward and differ only in the last
+target. Inputs are right-padded to a bucket (a power of two, at most seq_len), one compiled
+forward per (k1, integer-k2-or-not, bucket); k2 and the routed scale stay traced inputs.
+
+Padding never changes a score: attention is causal, so a position never sees the padding
+after it; a request's bucket depends on its own length only; and where routing couples the
+tokens of a call (capacity dispatch's per-group slots, GShard's eval draw of the second
+expert), every row runs as its own call (`lax.map`), so its score does not depend on what it
+is batched with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax import compile_options
+from moejax.errors import UserError
+from moejax.nn.overrides import Overrides
+
+MIN_BUCKET = 8
+PAD_ID = 0  # any id: padded positions come after every scored one
+
+
+class Score(NamedTuple):
+  logprob: float  # Σ log p(continuation token | prefix)
+  is_greedy: bool  # every continuation token is the argmax
+
+
+class Cell(NamedTuple):
+  """The cell the scorer runs: k1 experts, k2 (None: the rule's own), routed scale [M]."""
+
+  k1: int
+  k2: int | None = None
+  scale_M: np.ndarray | None = None
+
+
+def bucket(n: int, seq_len: int) -> int:
+  """The padded length of an input of n tokens: the next power of two >= n (>= MIN_BUCKET),
+  at most seq_len."""
+  b = MIN_BUCKET
+  while b < n:
+    b *= 2
+  return min(b, seq_len)
+
+
+def couples_tokens(moe_cfg) -> bool:
+  """Whether one token's routing at eval depends on the other tokens of the call."""
+  if moe_cfg is None:
+    return False
+  random_second = moe_cfg.second_expert == "random" and moe_cfg.eval_second_expert == "same"
+  return moe_cfg.dispatch != "dropless" or random_second
+
+
+def _make_scores(graphdef, k1: int, with_k2: bool, rowwise: bool):
+  def logits(params, router, tokens_BxL, ov):
+    model = nnx.merge(graphdef, params, router)
+    return model(tokens_BxL, train=False, ov=ov)[0].astype(jnp.float32)
+
+  def scores(params, router, tokens_BxL, last_B, k2, scale_M):
+    ov = Overrides(k=k1, k2=k2 if with_k2 else None, routed_scale=scale_M)
+    if rowwise:
+      logits_BxLxV = jax.lax.map(lambda t_L: logits(params, router, t_L[None], ov)[0], tokens_BxL)
+    else:
+      logits_BxLxV = logits(params, router, tokens_BxL, ov)
+    logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
+    next_BxL = jnp.concatenate([tokens_BxL[:, 1:], tokens_BxL[:, -1:]], axis=1)
+    logp_next_BxL = jnp.take_along_axis(logp_BxLxV, next_BxL[..., None], axis=-1)[..., 0]
+    greedy_BxL = jnp.argmax(logits_BxLxV, axis=-1).astype(jnp.int32)
+    logp_last_BxV = logp_BxLxV[jnp.arange(tokens_BxL.shape[0]), last_B]
+    return logp_next_BxL, greedy_BxL, logp_last_BxV
+
+  return scores
+
+
+class _Window(NamedTuple):
+  inputs: tuple[int, ...]
+  last: int  # the final target token
+  n_cont: int
+
+
+def window(context: Sequence[int], continuation: Sequence[int], seq_len: int) -> _Window:
+  """The scored window of a request, truncated from the left to seq_len inputs."""
+  if len(continuation) == 0:
+    raise UserError("a request's continuation encodes to no tokens; nothing to score")
+  if len(continuation) > seq_len:
+    raise UserError(
+      f"a continuation of {len(continuation)} tokens is longer than data.seq_len={seq_len}"
+    )
+  full = [int(t) for t in (*context, *continuation)][-(seq_len + 1) :]
+  return _Window(tuple(full[:-1]), full[-1], len(continuation))
+
+
+class Scorer:
+  """Scores token requests with one restored model at a settable cell."""
+
+  def __init__(self, graphdef, params, router, *, n_moe_layers: int, seq_len: int, moe_cfg,
+               batch_size: int = 8):  # fmt: skip
+    self.graphdef, self.params, self.router = graphdef, params, router
+    self.n_moe_layers, self.seq_len, self.batch_size = n_moe_layers, seq_len, batch_size
+    self.rowwise = couples_tokens(moe_cfg)
+    self.cell = Cell(k1=moe_cfg.top_k if moe_cfg is not None else 1)
+    self._compiled: dict[tuple[int, bool], object] = {}
+    self.forwards = 0  # padded rows run, for the tests of sharing
+
+  def _fn(self, k1: int, with_k2: bool):
+    key = (k1, with_k2)
+    if key not in self._compiled:  # jit caches one executable per bucket shape
+      self._compiled[key] = compile_options.jit(
+        _make_scores(self.graphdef, k1, with_k2, self.rowwise)
+      )
+    return self._compiled[key]
+
+  def _run(self, rows: list[tuple[int, ...]]) -> list[tuple[np.ndarray, ...]]:
+    """(logp_next_L, greedy_L, logp_last_V) of each input row, unpadded to its length."""
+    k1, k2, scale_M = self.cell
+    fn = self._fn(k1, k2 is not None)
+    scale = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
+    k2_arr, scale_arr = jnp.int32(k2 or 0), jnp.asarray(scale, jnp.float32)
+    out: list = [None] * len(rows)
+    by_bucket: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+      by_bucket.setdefault(bucket(len(r), self.seq_len), []).append(i)
+    for L, idx in sorted(by_bucket.items()):
+      for start in range(0, len(idx), self.batch_size):
+        part = idx[start : start + self.batch_size]
+        tokens_BxL = np.full((self.batch_size, L), PAD_ID, np.int32)
+        last_B = np.zeros((self.batch_size,), np.int32)
+        for b, i in enumerate(part):
+          tokens_BxL[b, : len(rows[i])] = rows[i]
+          last_B[b] = len(rows[i]) - 1
+        res = jax.device_get(fn(self.params, self.router, tokens_BxL, last_B, k2_arr, scale_arr))
+        self.forwards += self.batch_size
+        for b, i in enumerate(part):
+          n = len(rows[i])
+          out[i] = (np.asarray(res[0][b, :n]), np.asarray(res[1][b, :n]), np.asarray(res[2][b]))
+    return out
+
+  def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:
+    """(Σ log-prob, is_greedy) of each (context ids, continuation ids)."""
+    wins = [window(ctx, cont, self.seq_len) for ctx, cont in requests]
+    unique = list(dict.fromkeys(w.inputs for w in wins))
+    row_of = {inp: i for i, inp in enumerate(unique)}
+    results = self._run(unique)
+    scores = []
+    for w in wins:
+      logp_next_L, greedy_L, logp_last_V = results[row_of[w.inputs]]
+      n = len(w.inputs)
+      first = n - w.n_cont  # input position whose next token is the continuation's first
+      targets = np.asarray((*w.inputs[first + 1 :], w.last), np.int64)
+      logp = float(np.sum(logp_next_L[first : n - 1], dtype=np.float64) + logp_last_V[w.last])
+      scores.append(Score(logp, bool(np.all(greedy_L[first:n] == targets))))
+    return scores

@@ -1,0 +1,55 @@
+"""lm-eval tasks by name or YAML path, checked before any model is loaded or file written."""
+
+from __future__ import annotations
+
+import os
+
+from lm_eval.tasks import TaskManager
+
+from moejax.errors import UserError
+
+SCORED_TYPES = ("multiple_choice", "loglikelihood")  # tasks whose items have an `acc`
+
+
+def parse_names(spec: str) -> list[str]:
+  names = [t.strip() for t in (spec or "").split(",") if t.strip()]
+  if not names:
+    raise UserError("--tasks: give one or more task names or YAML files, comma-separated")
+  return names
+
+
+def load_tasks(spec: str, include_path: str | None = None) -> dict:
+  """{task name: lm-eval Task} of `--tasks` (names lm-eval knows, or YAML files)."""
+  if include_path and not os.path.isdir(include_path):
+    raise UserError(f"--include_path {include_path}: not a directory")
+  managers: dict[bool, TaskManager] = {}
+
+  def manager(defaults: bool) -> TaskManager:  # lm-eval's own ~14k YAMLs take a while to index
+    if defaults not in managers:
+      managers[defaults] = TaskManager(include_path=include_path or None, include_defaults=defaults)
+    return managers[defaults]
+
+  tasks: dict = {}
+  for name in parse_names(spec):
+    is_file = name.endswith((".yaml", ".yml"))
+    if is_file and not os.path.isfile(name):
+      raise UserError(f"--tasks {name}: no such file")
+    try:
+      local = is_file or (include_path and name in manager(False).all_tasks)
+      loaded = manager(not local).load(name)["tasks"]
+    except UserError:
+      raise
+    except Exception as e:  # noqa: BLE001  lm-eval raises many kinds (yaml, KeyError, ...)
+      what = "task file does not parse" if is_file else "unknown task"
+      hint = "" if is_file else " (a name lm-eval knows, a YAML file, or --include_path DIR)"
+      msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+      raise UserError(f"--tasks {name}: {what}{hint}: {msg}") from None
+    for task_name, task in loaded.items():
+      kind = task.OUTPUT_TYPE
+      if kind not in SCORED_TYPES:
+        raise UserError(
+          f"--tasks {name}: task {task_name} is a {kind} task; moejax's grid scores "
+          f"{' and '.join(SCORED_TYPES)} tasks (generation is not supported)"
+        )
+      tasks[task_name] = task
+  return tasks

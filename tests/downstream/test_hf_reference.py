@@ -1,0 +1,96 @@
+"""Transformers as the reference (full tier): a tiny random OLMoE and Qwen3-MoE saved by
+transformers and imported with `moejax.hf import`; per-item log-likelihoods of every choice
+of a local multiple-choice task against lm-eval's own HF model (`simple_evaluate(model="hf")`)
+at the native cell and at (k1, native) (transformers' config at num_experts_per_tok=k1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tiers import FULL
+
+from moejax.downstream import loading
+from moejax.errors import UserError
+
+K1 = 2
+
+
+def test_cast_params_and_dtype_names():
+  params = {"w": jnp.ones((2,), jnp.float32), "i": jnp.ones((2,), jnp.int32)}
+  out = loading.cast_params(params, "bfloat16")
+  assert out["w"].dtype == jnp.bfloat16 and out["i"].dtype == jnp.int32
+  assert loading.cast_params(params, "float32") is params
+  with pytest.raises(UserError, match="--dtype 'float16'"):
+    loading.cast_params(params, "float16")
+
+
+def _task(tmp_path, name: str) -> str:
+  rng = np.random.default_rng(0)
+  words = ["the", "quick", "brown", "fox", "jumps", "over", "it"]
+  items = []
+  for i in range(12):
+    ctx = f"paragraph {i}: " + " ".join(rng.choice(words, size=3))
+    choices = [" ".join(rng.choice(words, size=int(rng.integers(1, 3)))) for _ in range(4)]
+    items.append({"context": ctx, "choices": choices, "gold": int(rng.integers(0, 4))})
+  jsonl = tmp_path / f"{name}.jsonl"
+  jsonl.write_text("".join(json.dumps(it) + "\n" for it in items))
+  yaml = tmp_path / f"{name}.yaml"
+  yaml.write_text(
+    f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {jsonl}\n"
+    "test_split: test\noutput_type: multiple_choice\ndoc_to_text: context\n"
+    "doc_to_choice: choices\ndoc_to_target: gold\nmetric_list:\n  - metric: acc\n"
+  )
+  return str(yaml)
+
+
+def _logliks(samples) -> tuple[np.ndarray, np.ndarray]:
+  samples = sorted(samples, key=lambda s: s["doc_id"])
+  ll = np.array([[float(r[0]) for r in s["filtered_resps"]] for s in samples])
+  return ll, np.array([s["acc"] for s in samples])
+
+
+@FULL
+@pytest.mark.parametrize("fam", ["olmoe", "qwen3_moe"])
+def test_per_item_logliks_match_lm_eval_hf(fam, tmp_path):
+  import lm_eval
+  import test_hf  # tests/test_hf.py: the tiny random families and their import
+  from lm_eval import evaluator
+
+  from moejax.downstream import scoring
+  from moejax.downstream import tasks as tasks_lib
+  from moejax.downstream.lm import MoejaxLM
+  from moejax.kgrid.loading import load_config
+
+  _, run, _, src = test_hf.Imported(tmp_path)[fam, True]
+  # transformers' own class for the family would rebuild the tokenizer from its vocabulary
+  # (OLMoE's GPT-NeoX class adds a byte-level pre-tokenizer this character vocabulary lacks);
+  # both sides read the same tokenizer.json, as the import does
+  tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+  (src / "tokenizer_config.json").write_text(
+    json.dumps(tok_cfg | {"tokenizer_class": "PreTrainedTokenizerFast"})
+  )
+  k1_src = tmp_path / f"{fam}_hf_k1"
+  shutil.copytree(src, k1_src)
+  cfg = json.loads((k1_src / "config.json").read_text())
+  cfg["num_experts_per_tok"] = K1
+  (k1_src / "config.json").write_text(json.dumps(cfg))
+  yaml = _task(tmp_path, f"ref_{fam}")
+  c = load_config(str(run))
+  tm = loading.load_task_model(str(run), c, step=None)
+  lm = MoejaxLM(tm.scorer, tm.tokenizer)
+  task = tasks_lib.load_tasks(yaml)
+  for k1, hf_dir in ((test_hf.K, src), (K1, k1_src)):
+    ref = lm_eval.simple_evaluate(
+      model="hf", model_args={"pretrained": str(hf_dir), "dtype": "float32", "device": "cpu"},
+      tasks=[yaml], batch_size=1, log_samples=True, bootstrap_iters=0,
+    )  # fmt: skip
+    want_ll, want_acc = _logliks(ref["samples"][f"ref_{fam}"])
+    tm.scorer.cell = scoring.Cell(k1)
+    got = evaluator.evaluate(lm, {"tasks": task}, log_samples=True, bootstrap_iters=0)
+    got_ll, got_acc = _logliks(got["samples"][f"ref_{fam}"])
+    np.testing.assert_allclose(got_ll, want_ll, rtol=1e-5, atol=1e-4, err_msg=f"k1={k1}")
+    np.testing.assert_array_equal(got_acc, want_acc)
