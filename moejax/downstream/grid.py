@@ -17,7 +17,8 @@ import jax
 import numpy as np
 from lm_eval import evaluator
 
-from moejax import build, distributed, runio
+from moejax import distributed, runio
+from moejax.config import RunConfig
 from moejax.downstream import report, scoring
 from moejax.downstream import tasks as tasks_lib
 from moejax.downstream.lm import MoejaxLM
@@ -51,12 +52,12 @@ def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
   return {(k1, k2): cells_lib.RESCALINGS[k2].scale(inputs(k1)) for k1, k2 in wanted}
 
 
-def _cells(c, k1: str, k2: str, rule) -> tuple[list, list[str]]:
+def _cells(rc: RunConfig, k1: str, k2: str) -> tuple[list, list[str]]:
   """The grid's cells (arguments win over the run's eval.k1/k2), the reference first."""
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
-  k1s = cells_lib.parse_k1(k1 or c.eval.k1, K, E)
-  labels = cells_lib.parse_k2(k2 or c.eval.k2, K, E, k1s)
-  return cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
+  K, E = rc.moe.top_k, rc.moe.n_experts
+  k1s = cells_lib.parse_k1(k1 or rc.eval.k1, K, E)
+  labels = cells_lib.parse_k2(k2 or rc.eval.k2, K, E, k1s)
+  return cells_lib.cells(k1s, labels, K, E, normalizes=rc.rule.norm != "none")
 
 
 def _evaluate(lm, name: str, task, limit) -> list[dict]:
@@ -87,18 +88,18 @@ def run_task_grid(
   if limit is not None and limit < 1:
     raise UserError(f"--limit={limit} is not allowed; use an int >= 1")
   logging.getLogger("lm_eval").setLevel(logging.ERROR)
-  c = load_config(workdir)
-  if c.model.moe_every == 0:
+  rc = load_config(workdir)
+  if rc.moe is None:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
   task_objs = tasks_lib.load_tasks(tasks, include_path)
-  rule = build.moe_config(c).merge_rule
-  K, E = c.model.moe.top_k, c.model.moe.n_experts
-  cells, notes = _cells(c, k1, k2, rule)
-  bs = batch_size or c.eval.batch_size
-  tm = load_task_model(workdir, c, step=step, dtype=dtype, batch_size=bs)
-  scales = _scales(tm, cells, K, c.eval.gain_sequences, bs)
+  rule, ev = rc.rule, rc.eval
+  K, E = rc.moe.top_k, rc.moe.n_experts
+  cells, notes = _cells(rc, k1, k2)
+  bs = batch_size or ev.batch_size
+  tm = load_task_model(workdir, rc, step=step, dtype=dtype, batch_size=bs)
+  scales = _scales(tm, cells, K, ev.gain_sequences, bs)
   lm = MoejaxLM(tm.scorer, tm.tokenizer)
-  resamples = resamples or c.eval.bootstrap_resamples
+  resamples = resamples or ev.bootstrap_resamples
   out = {}
   for name, task in task_objs.items():
     log(f"task {name}: {len(cells)} cells of {workdir} step {tm.run.step}")
@@ -107,28 +108,30 @@ def run_task_grid(
       int_k2 = k2_ if isinstance(k2_, int) else None
       tm.scorer.cell = scoring.Cell(k1_, int_k2, scales.get((k1_, k2_)))
       items[(k1_, k2_)] = outcomes(_evaluate(lm, name, task, limit))
-    out[name] = (task_rows(cells, items, resamples=resamples, seed=c.train.seed), items)
+    out[name] = (task_rows(cells, items, resamples=resamples, seed=rc.train.seed), items)
+  rule_name = rc.tree["model"]["moe"]["rule"]
   for name, (rows, items) in out.items():  # every task ran: now write
-    title = f"{name}: {c.model.moe.rule} K={K} E={E} step {tm.run.step}, Δ accuracy vs native k1=K"
+    title = f"{name}: {rule_name} K={K} E={E} step {tm.run.step}, Δ accuracy vs native k1=K"
     kw = {"title": title, "n_experts": E, "score": rule.score}
     report.write(report.task_dir(workdir, name), rows, items, **kw)
     log(report.markdown(rows, **kw))
-    _log_wandb(workdir, c, name, rows)
+    _log_wandb(workdir, rc, name, rows)
   for n in notes:
     log(f"note: {n}")
   return {name: rows for name, (rows, _) in out.items()}
 
 
-def _log_wandb(workdir: str, c, task: str, rows: list[dict]) -> None:
+def _log_wandb(workdir: str, rc: RunConfig, task: str, rows: list[dict]) -> None:
   """The task's table into the training run's wandb (same run id), as the loss grid does."""
   id_path = runio.path(workdir, "wandb_run_id")
-  mode = wandb_mode(c.wandb.mode)
+  w = rc.wandb
+  mode = wandb_mode(w.mode)
   if mode == "disabled" or not id_path.exists():
     return
   import wandb  # pylint: disable=import-outside-toplevel  (allow-listed: tests/test_imports.py)
 
   run = wandb.init(
-    project=c.wandb.project, entity=c.wandb.entity or None, dir=wandb_dir(workdir),
+    project=w.project, entity=w.entity or None, dir=wandb_dir(workdir),
     id=runio.read_text(id_path).strip(), resume="allow", mode=mode,
   )  # fmt: skip
   cols = [k for k in ROW_KEYS if k != "delta_ci95"] + ["delta_lo", "delta_hi"]

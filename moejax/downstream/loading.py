@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.build import abstract_model
+from moejax.config import RunConfig
 from moejax.data import pipeline as data_lib
 from moejax.data import stream
 from moejax.data.tokenizer import Tokenizer
@@ -28,15 +28,15 @@ class TaskModel(NamedTuple):
   moe_cfg: Any  # the MoE block's config (top_k, n_experts, merge rule)
 
 
-def run_tokenizer(c, workdir: str) -> Tokenizer:
+def run_tokenizer(rc: RunConfig, workdir: str) -> Tokenizer:
   """The run's own tokenizer: the prepared shards', or the one its data split builds."""
-  data_cfg = data_lib.complete(c.data)
+  data_cfg = rc.data
   if data_cfg.prepared:
     return stream.open_prepared(data_cfg).tokenizer
   return data_lib.split_corpus(data_cfg, workdir).tokenizer
 
 
-def max_length(c, workdir: str) -> int:
+def max_length(rc: RunConfig, workdir: str) -> int:
   """Tokens a request keeps (truncated from the left): a trained run's data.seq_len; an
   imported run's `max_position_embeddings` (its transformers config.json), as lm-eval's HF
   model truncates."""
@@ -47,7 +47,7 @@ def max_length(c, workdir: str) -> int:
       n = json.load(f).get("max_position_embeddings")
     if isinstance(n, int) and n > 0:
       return n
-  return int(c.data.seq_len)
+  return int(rc.data.seq_len)
 
 
 def check_dtype(dtype: str) -> None:
@@ -65,19 +65,19 @@ def cast_params(params, dtype: str):
 
 
 def load_task_model(
-  workdir: str, c, *, step: int | None, dtype: str = "float32", batch_size: int = 8
+  workdir: str, rc: RunConfig, *, step: int | None, dtype: str = "float32", batch_size: int = 8
 ) -> TaskModel:
   """The run's checkpoint `step` (None: the latest) behind a Scorer, and its tokenizer."""
   check_dtype(dtype)
-  tok = run_tokenizer(c, workdir)
-  run = load_run(workdir, c, step)
-  moe_cfg = abstract_model(c, tok.vocab_size).cfg.moe
+  tok = run_tokenizer(rc, workdir)
+  run = load_run(workdir, rc, step)
+  moe_cfg = rc.moe
   scorer = Scorer(
     run.graphdef,
     cast_params(run.params, dtype),
     run.router,
     n_moe_layers=run.n_moe_layers,
-    seq_len=max_length(c, workdir),
+    seq_len=max_length(rc, workdir),
     moe_cfg=moe_cfg,
     batch_size=batch_size,
   )

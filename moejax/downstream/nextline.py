@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 from moejax import runio
 from moejax.data.corpora import load_corpus
-from moejax.data.pipeline import complete, heldout_mask
+from moejax.data.config import DataConfig
+from moejax.data.pipeline import heldout_mask
 from moejax.errors import UserError
 
 TASK = "nextline"
@@ -108,9 +109,8 @@ def task_yaml(jsonl: str) -> str:
   ])  # fmt: skip
 
 
-def heldout_docs(data_cfg) -> list[str]:
+def heldout_docs(data_cfg: DataConfig) -> list[str]:
   """The held-out documents of the trainer's split, in corpus order."""
-  data_cfg = complete(data_cfg)
   if data_cfg.prepared:
     raise UserError("data.prepared: nextline reads the documents; give the unprepared config")
   docs, _ = load_corpus(data_cfg)
@@ -118,7 +118,7 @@ def heldout_docs(data_cfg) -> list[str]:
   return [d for d, h in zip(docs, held_N) if h]
 
 
-def write_task(data_cfg, out_dir: str, spec: Spec) -> tuple[str, int]:
+def write_task(data_cfg: DataConfig, out_dir: str, spec: Spec) -> tuple[str, int]:
   """Writes out_dir/nextline.{jsonl,yaml}; returns (the YAML's path, items)."""
   items = build_items(heldout_docs(data_cfg), spec)
   jsonl = os.path.join(out_dir, f"{TASK}.jsonl")

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from scipy import stats as sps
+from runconfig import as_run
 from tiers import FULL
 
 from moejax import config as config_lib
@@ -109,7 +110,7 @@ def trained(tmp_path_factory):
   from moejax.training import trainer
 
   workdir = str(tmp_path_factory.mktemp("run"))
-  trainer.train(tiny_config(150), workdir, log=lambda *a: None)
+  trainer.train(as_run(tiny_config(150)), workdir, log=lambda *a: None)
   task_dir = str(tmp_path_factory.mktemp("task"))
   p = _run("moejax.tasks", "nextline", "--workdir", workdir, "--out", task_dir, "--items", 200)
   assert p.returncode == 0, p.stderr
@@ -154,7 +155,7 @@ def test_random_init_at_chance(trained):
   from moejax.nn.moe import RouterBias
 
   _, yaml = trained
-  model = build.build_model(tiny_config(1), 257)
+  model = build.transformer(as_run(tiny_config(1)).with_vocab(257).model, as_run(tiny_config(1)).train.seed)
   graphdef, params, router = nnx.split(model, nnx.Param, RouterBias)
   sc = Scorer(graphdef, params, router, n_moe_layers=len(moe_layers(model.cfg)), seq_len=64,
               moe_cfg=model.cfg.moe, batch_size=16)  # fmt: skip

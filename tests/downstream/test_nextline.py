@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _data_cfg():
   c = config_lib.base_config()
   c.data.update(corpus="synthetic", synthetic_docs=200, holdout_fraction=0.2, seq_len=64)
-  return c.data
+  return config_lib.resolve(c).data
 
 
 def _docs(cfg):

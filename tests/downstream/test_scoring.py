@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from runconfig import as_run
 from tiers import FULL
 
 from moejax import build
@@ -28,7 +29,7 @@ def _model(dispatch: str, second_expert: str = "all"):
   c.model.moe.update(min_capacity=0, eval_capacity_factor=0.5, second_expert=second_expert)
   c.data.update(seq_len=SEQ_LEN)
   # random parameters drawn here (no init compile): norm scales near 1, the rest N(0, 0.3)
-  graphdef, params, router = nnx.split(build.abstract_model(c, V), nnx.Param, RouterBias)
+  graphdef, params, router = nnx.split(build.abstract_transformer(as_run(c).with_vocab(V).model), nnx.Param, RouterBias)
   rng = np.random.default_rng(0)
 
   def draw(path, leaf):
