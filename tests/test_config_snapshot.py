@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from moejax import cli
-from moejax.config import resolve
+from moejax import config as config_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = json.loads((ROOT / "tests" / "data" / "configs_resolved.json").read_text())["specs"]
@@ -31,7 +31,7 @@ def _jsonable(x):
 
 def _resolve(spec: str) -> dict:
   c = cli.load_file(str(ROOT / spec))
-  rc = resolve.typed(c)  # a study's base file: its sweep completes the cross-section keys
+  rc = config_lib.typed(c)  # a study's base file: its sweep completes the cross-section keys
   return _jsonable(
     {
       "config": c.to_dict(),

@@ -351,6 +351,7 @@ CONFIGDICT_MODULES = (
   "moejax/train.py",
   "moejax/prepare.py",
   "moejax/describe.py",
+  "moejax/tasks.py",
 )
 SECTION_READ = re.compile(r"\bc\.(train|optim|data|eval|mesh|wandb|model|loss)\.")
 

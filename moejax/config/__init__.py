@@ -1,12 +1,12 @@
 """The run configuration: every section a typed, frozen dataclass (`sections`, and the
 builders' own: ModelConfig, MoEConfig, LossConfig, DataConfig), `base_config()` written from
-them (`defaults`), `resolve` (the one reader of a ConfigDict: it checks every key and builds
+them (`defaults`), `reader.resolve` (the one reader of a ConfigDict: it checks every key and builds
 the typed `RunConfig`), the cross-section checks (`checks`) and the keys' table (`table`,
 docs/config.md)."""
 
 from moejax.config.checks import warnings
 from moejax.config.defaults import SECTIONS, base_config, preset_base, section_defaults
-from moejax.config.resolve import from_values, merge_rule, resolve
+from moejax.config.reader import from_values, merge_rule, resolve, typed
 from moejax.config.run import RunConfig
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
   "preset_base",
   "resolve",
   "section_defaults",
+  "typed",
   "warnings",
 ]

@@ -1,5 +1,5 @@
 """`RunConfig`: a run's whole config, typed; built once from the ConfigDict by
-`moejax.config.resolve.resolve` and passed from the entry points to every consumer."""
+`moejax.config.reader.resolve` and passed from the entry points to every consumer."""
 
 from __future__ import annotations
 
