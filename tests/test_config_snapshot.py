@@ -50,6 +50,10 @@ ADDED = {
   ("config", "model", "scan_unroll"): -1,  # by platform and remat (model.auto_unroll)
   ("model", "scan_unroll"): -1,
   ("model", "not_modelled"): lambda got: got["config"]["model"]["not_modelled"],
+  # Issue 53: the learning-rate schedule by name (cosine, as before, unless a file sets it).
+  ("config", "optim", "schedule"): "cosine",
+  ("config", "optim", "decay_fraction"): 0.2,
+  ("config", "optim", "decay_shape"): "1-sqrt",
 }
 
 

@@ -14,6 +14,8 @@ from moejax.schema import check_fields, key
 
 NONFINITE = ("stop", "skip")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")  # moejax.training.schedules.SCHEDULES
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # moejax.training.schedules.DECAY_SHAPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +43,22 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """`optim.*`: AdamW with linear warmup and cosine decay, and global-norm clipping."""
+  """`optim.*`: AdamW with a warmup and a learning-rate schedule, and global-norm clipping."""
 
   lr: float = key(3e-3, "peak learning rate", ge=0)
   warmup_steps: int = key(100, "linear warmup steps (clamped below train.steps)", ge=0)
-  min_lr_ratio: float = key(
-    0.1, "the cosine's final learning rate, as a fraction of lr", ge=0, le=1
+  schedule: str = key(
+    "cosine",
+    "after the warmup: cosine, linear or constant to train.steps, or wsd (warmup-stable-decay)",
+    SCHEDULES,
   )
+  min_lr_ratio: float = key(
+    0.1, "the final learning rate (cosine, linear, wsd), as a fraction of lr", ge=0, le=1
+  )
+  decay_fraction: float = key(
+    0.2, "wsd: the decay's share of train.steps (the last round(fraction * steps))", gt=0, le=1
+  )
+  decay_shape: str = key("1-sqrt", "wsd: the decay's shape", DECAY_SHAPES)
   weight_decay: float = key(0.1, "AdamW's decoupled weight decay (matrices only)", ge=0)
   b1: float = key(0.9, "AdamW's first-moment decay", ge=0, lt=1)
   b2: float = key(0.95, "AdamW's second-moment decay", ge=0, lt=1)

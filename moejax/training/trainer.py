@@ -137,6 +137,7 @@ def resume(run: Run, workdir: str, it, log):
     return mngr, 0, run.state
   start, state, data_state = restored
   workdir_lib.check_steps(workdir, c, start)
+  workdir_lib.check_schedule(workdir, c, start)
   it.set_state(data_state)
   log(f"resumed from {mngr.directory}/{start}")
   return mngr, start, state

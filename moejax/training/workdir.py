@@ -17,6 +17,7 @@ import ml_collections
 from moejax import build, distributed, runio
 from moejax import config as config_lib
 from moejax.errors import UserError
+from moejax.training import optim, schedules
 
 # Config sections that must match the workdir's config.json to resume.
 FROZEN_SECTIONS = ("model", "data")
@@ -143,6 +144,28 @@ def check_steps(workdir: str, c: ml_collections.ConfigDict, restored: int) -> No
       f"train.steps={c.train.steps} is below the checkpoint step {restored} in "
       f"{workdir}/checkpoints; use train.steps >= {restored} or a new --workdir"
     )
+
+
+def check_schedule(workdir: str, c: ml_collections.ConfigDict, restored: int) -> None:
+  """A resume may change `train.steps` and `optim.*` only where every step already trained
+  keeps bitwise its learning rate: the checkpoint is then the state a run launched with the
+  new config has at that step, so the resume is exact (a WSD run's stable phase into a
+  longer budget). A cosine or linear decay to `train.steps` changes with it: refused."""
+  saved = read_saved(workdir)
+  if saved is None or restored == 0:
+    return
+  old = from_saved(saved)
+  if schedules.trained_steps_match(optim.schedule(old), optim.schedule(c), restored):
+    return
+  now = {"train": {"steps": c.train.steps}, "optim": c.optim.to_dict()}
+  was = {"train": {"steps": old.train.steps}, "optim": old.optim.to_dict()}
+  key, before, after = _diff(was, now, "") or ("optim", "?", "?")
+  raise UserError(
+    f"{key}={after!r} changes the learning rate of steps already trained (the checkpoint "
+    f"step {restored} in {workdir}/checkpoints was trained with {before!r}); resume with "
+    f"{key}={before!r} or use a new --workdir (optim.schedule=wsd keeps its stable phase "
+    f"across train.steps)"
+  )
 
 
 def reset_metrics(workdir: str, step: int) -> None:
