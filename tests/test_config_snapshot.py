@@ -54,6 +54,8 @@ ADDED = {
   ("config", "optim", "schedule"): "cosine",
   ("config", "optim", "decay_fraction"): 0.2,
   ("config", "optim", "decay_shape"): "1-sqrt",
+  ("config", "train", "compile_cache"): "auto",
+  ("config", "train", "profile_steps"): "",
 }
 
 

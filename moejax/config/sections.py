@@ -18,6 +18,18 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")  # moejax.training.schedules
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # moejax.training.schedules.DECAY_SHAPES
 
 
+def step_range(text: str, name: str = "train.profile_steps") -> tuple[int, int] | None:
+  """`"A:B"` as (A, B): the steps A..B-1 (a slice of metrics.jsonl's step numbers); '': None."""
+  if not text:
+    return None
+  a, sep, b = text.partition(":")
+  if sep and a.strip().isdigit() and b.strip().isdigit() and 1 <= int(a) < int(b):
+    return int(a), int(b)
+  raise UserError(
+    f"{name}={text!r} is not allowed; use 'A:B' with 1 <= A < B (steps A..B-1) or '' (off)"
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """`train.*`: the loop: length, seed, logging, evaluation and checkpoint cadence."""
@@ -36,9 +48,18 @@ class TrainConfig:
     "stop", "a non-finite loss or gradient: stop, or skip the step", NONFINITE
   )
   max_skips: int = key(10, "with on_nonfinite=skip: stop after more skipped steps in a row", ge=0)
+  compile_cache: str = key(
+    "auto",
+    "JAX's persistent compilation cache: a folder or gs://; auto: JAX_COMPILATION_CACHE_DIR, "
+    "else ~/.cache/moejax/xla; '': off",
+  )
+  profile_steps: str = key(
+    "", "A:B: a jax.profiler trace of steps A..B-1 in WORKDIR/profile ('': none)"
+  )
 
   def __post_init__(self):
     check_fields(self, "train")
+    step_range(self.profile_steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from moejax.sizing import flops
-from moejax.training import checkpoint, nonfinite
+from moejax.training import checkpoint, nonfinite, profiling
 
 
 class Diverged(RuntimeError):
@@ -71,6 +71,9 @@ class LoopSetup:
   log: Callable[[str], None]
   progress: Any  # tqdm bar
   perf: flops.Perf | None = None  # model FLOPs and device peak: the perf/ metrics of each row
+  profiler: profiling.Profiler = dataclasses.field(  # train.profile_steps ('': none)
+    default_factory=lambda: profiling.Profiler("", "", print)
+  )
 
 
 @dataclasses.dataclass
@@ -102,8 +105,10 @@ class Loop:
     is deferred: fetched once the next step is queued, so the device never waits."""
     s, deferred = self.s, None
     for i in range(self.start, self.end):
+      s.profiler.before(i + 1)
       state, metrics = s.step_fn(state, s.next_tokens(), jax.random.fold_in(s.rng, i))
       step = i + 1
+      s.profiler.after(step, state)
       if deferred is not None:  # the previous step's outputs, now that this one is queued
         self.check_and_log(*deferred)
       deferred = None

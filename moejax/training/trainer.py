@@ -19,7 +19,16 @@ from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
 from moejax.nn import model as model_lib
 from moejax.sizing import flops, worksheet
-from moejax.training import checkpoint, loop, nonfinite, optim, stopping, tracking
+from moejax.training import (
+  checkpoint,
+  compile_cache,
+  loop,
+  nonfinite,
+  optim,
+  profiling,
+  stopping,
+  tracking,
+)
 from moejax.training import step as step_lib
 from moejax.training import workdir as workdir_lib
 from moejax.training.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)
@@ -147,6 +156,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
   t0 = time.time()
   mesh = check_config(c)
+  compile_cache.enable(c.train.compile_cache)  # before the first compile
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, c)
   run = build(c, workdir, mesh)
@@ -197,11 +207,13 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     perf=flops.Perf.for_run(
       build_lib.model_config(c, run.data.tokenizer.vocab_size), c.data.seq_len
     ),
+    profiler=profiling.Profiler(c.train.profile_steps, workdir, log),
   )
   try:
     with stopping.StopRequest().installed() as stop:
       result = loop.Loop(setup, start, end).run(state, stop)
   finally:  # also on Diverged / errors: no orbax or wandb threads left behind
+    setup.profiler.stop()
     bar.close()
     mngr.close()
     tracker.finish()
