@@ -34,6 +34,7 @@ SMALL = {
   "eval.batch_size": 8,
   "train.progress": False,
   "wandb.mode": "disabled",
+  "train.tensorboard": False,
 }
 
 
@@ -42,7 +43,9 @@ def launch(workdir: str, cache: str, values: dict) -> float:
   flags = [f"--config.{k}={v}" for k, v in {**values, "train.compile_cache": cache}.items()]
   argv = [sys.executable, "-m", "moejax.train", "--config", "configs/quickstart.py"]
   t = time.perf_counter()
-  subprocess.run([*argv, "--workdir", workdir, *flags], cwd=REPO, check=True, capture_output=True)
+  out = subprocess.run([*argv, "--workdir", workdir, *flags], cwd=REPO, capture_output=True, text=True)
+  if out.returncode:
+    sys.exit(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")
   return time.perf_counter() - t
 
 

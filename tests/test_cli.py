@@ -30,6 +30,7 @@ TINY = [
   "--config.eval.batch_size=4",
   "--config.train.progress=False",
   "--config.wandb.mode=disabled",
+  "--config.train.tensorboard=False",
   "--config.eval.after_train=False",
 ]
 RUN_ARGS = TINY + [

@@ -56,6 +56,7 @@ ADDED = {
   ("config", "optim", "decay_shape"): "1-sqrt",
   ("config", "train", "compile_cache"): "auto",
   ("config", "train", "profile_steps"): "",
+  ("config", "train", "tensorboard"): True,
 }
 
 

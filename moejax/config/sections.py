@@ -53,6 +53,7 @@ class TrainConfig:
     "JAX's persistent compilation cache: a folder or gs://; auto: JAX_COMPILATION_CACHE_DIR, "
     "else ~/.cache/moejax/xla; '': off",
   )
+  tensorboard: bool = key(True, "TensorBoard events in WORKDIR/tensorboard (tensorboardX)")
   profile_steps: str = key(
     "", "A:B: a jax.profiler trace of steps A..B-1 in WORKDIR/profile ('': none)"
   )

@@ -25,6 +25,7 @@ from moejax.kgrid import rows as rows_lib
 from moejax.kgrid.forward import CellForward, CellResult
 from moejax.kgrid.loading import load_config, load_run
 from moejax.nn import routing
+from moejax.training import tensorboard
 from moejax.training.tracking import wandb_dir, wandb_mode
 
 
@@ -169,6 +170,16 @@ def _write(rows: list[dict], c, rule: routing.MergeRule, notes, out_dir: str, wo
     )
     report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
     _log_wandb(workdir, c, rows, os.path.join(out, "k_grid.png"))
+    _log_tensorboard(workdir, c, rows[0]["step"], out)
+
+
+def _log_tensorboard(workdir: str, c, step: int, out: str) -> None:
+  """The grid's table and heatmap into the run's TensorBoard events (`train.tensorboard`)."""
+  events = tensorboard.Events(workdir, c.train.tensorboard)
+  try:
+    events.grid(step, runio.read_text(os.path.join(out, "k_grid.md")), os.path.join(out, "k_grid.png"))
+  finally:
+    events.close()
 
 
 WANDB_COLUMNS = (

@@ -71,6 +71,7 @@ class LoopSetup:
   log: Callable[[str], None]
   progress: Any  # tqdm bar
   perf: flops.Perf | None = None  # model FLOPs and device peak: the perf/ metrics of each row
+  synced: Callable[[], None] = lambda: None  # after each checkpoint: store buffered rows
   profiler: profiling.Profiler = dataclasses.field(  # train.profile_steps ('': none)
     default_factory=lambda: profiling.Profiler("", "", print)
   )
@@ -201,6 +202,7 @@ class Loop:
         f"saving checkpoint {self.s.mngr.directory}/{step} failed ({e}); {self.good_checkpoint()}"
       ) from None
     self.last_saved = step
+    self.s.synced()
 
 
 def mean_loss(loss_N: np.ndarray) -> float:

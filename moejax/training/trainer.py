@@ -175,6 +175,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     entity=c.wandb.entity,
     name=c.wandb.name,
     tags=c.wandb.tags,
+    events=c.train.tensorboard,
+    start=start,
   )
   prepared = f" (prepared: {run.data.prepared})" if run.data.prepared else ""
   log(
@@ -199,6 +201,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     data_state=it.get_state,
     mngr=mngr,
     write_row=tracker.log,
+    synced=tracker.sync,
     rng=jax.random.key(c.train.seed),
     moe_layers=layers,
     tokens_per_step=c.data.batch_size * c.data.seq_len,
