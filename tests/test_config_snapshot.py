@@ -57,6 +57,7 @@ ADDED = {
   ("config", "train", "compile_cache"): "auto",
   ("config", "train", "profile_steps"): "",
   ("config", "train", "tensorboard"): True,
+  ("config", "train", "async_checkpoints"): True,
 }
 
 

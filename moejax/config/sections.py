@@ -41,6 +41,9 @@ class TrainConfig:
   eval_sequences: int = key(64, "held-out windows of each evaluation during training", ge=1)
   ckpt_every: int = key(200, "steps between checkpoints", ge=1)
   keep_checkpoints: int = key(3, "checkpoints kept in WORKDIR/checkpoints (the newest)", ge=1)
+  async_checkpoints: bool = key(
+    True, "write checkpoints in the background; wait only at the next save, a stop, the end"
+  )
   grad_accum: int = key(1, "micro-batches per step; must divide data.batch_size", ge=1)
   progress: bool = key(True, "a tqdm progress bar on the terminal")
   stop_at: int = key(0, "leave early at this step, resumable (0: train.steps)", ge=0)

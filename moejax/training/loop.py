@@ -94,7 +94,8 @@ class Loop:
     self.log_c = Cadence(s.config.log_every, end)
     self.eval_c = Cadence(s.config.eval_every, end)
     self.ckpt_c = Cadence(s.config.ckpt_every, end)
-    self.last_saved = start if start > 0 else None
+    self.last_saved = start if start > 0 else None  # the newest save (maybe still writing)
+    self.written = self.last_saved  # the newest save known to be written
     self.skips_in_row = self.skipped = 0
     self.t_last, self.step_last = time.time(), start
     self.eval_loss = None
@@ -129,10 +130,12 @@ class Loop:
       if saving:
         self.save(state, step)
       if stopping:
+        self.wait_saves()
         s.log(f"stopped by {stop.signal_name or 'preemption'} at step {step}; checkpoint saved")
         return LoopResult(
           state, step, self.eval_loss, stop.signal_name or "preemption", self.skipped
         )
+    self.wait_saves()
     return LoopResult(state, self.end, self.eval_loss, None, self.skipped)
 
   def check_and_log(self, step: int, metrics: dict) -> None:
@@ -195,6 +198,8 @@ class Loop:
     self.s.progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
 
   def save(self, state, step: int) -> None:
+    """Saves `step` once the save before it is written (async: the write goes on behind)."""
+    self.wait_saves()
     try:
       checkpoint.save(self.s.mngr, step, state, self.s.data_state())
     except Exception as e:  # noqa: BLE001  (orbax may wrap the OSError of a full disk)
@@ -203,6 +208,18 @@ class Loop:
       ) from None
     self.last_saved = step
     self.s.synced()
+
+  def wait_saves(self) -> None:
+    """Until the last save is written: before the next save, at a stop and at the end."""
+    try:
+      checkpoint.wait(self.s.mngr)
+    except Exception as e:  # noqa: BLE001  (as in save)
+      failed, self.last_saved = self.last_saved, self.written
+      raise SaveFailed(
+        f"saving checkpoint {self.s.mngr.directory}/{failed} failed ({e}); "
+        f"{self.good_checkpoint()}"
+      ) from None
+    self.written = self.last_saved
 
 
 def mean_loss(loss_N: np.ndarray) -> float:

@@ -140,7 +140,7 @@ def resume(run: Run, workdir: str, it, log):
   c = run.config
   for path in checkpoint.remove_unfinished_saves(workdir):
     log(f"removed {path}: a checkpoint save that did not finish (the run was killed mid-save)")
-  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints)
+  mngr = checkpoint.manager(workdir, c.train.keep_checkpoints, c.train.async_checkpoints)
   mngr, restored = checkpoint.restore_latest_good(workdir, mngr, run.state, log)
   if restored is None:
     return mngr, 0, run.state
