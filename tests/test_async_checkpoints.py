@@ -5,6 +5,7 @@ bitwise-resume tests (test_failures, test_preemption, test_train) run with it on
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -93,12 +94,15 @@ def test_a_stop_waits_for_its_save():
 
 
 def test_an_async_managers_save_is_restorable_once_waited_for(tmp_path):
-  state = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.int32(4)}
+  w = np.arange(2**18, dtype=np.float32).reshape(256, 1024)  # 1 MiB
+  state = {"w": jnp.asarray(w), "step": jnp.int32(4)}
   mngr = checkpoint.manager(str(tmp_path), async_save=True)
   checkpoint.save(mngr, 4, state, {"pos": 4})
-  state = {k: v + 1 for k, v in state.items()}  # the loop goes on with new arrays
+  bump = jax.jit(lambda st: {k: v * 0 + 99 for k, v in st.items()}, donate_argnums=0)
+  state = jax.block_until_ready(bump(state))  # the next step takes the saved buffers
   checkpoint.wait(mngr)
   step, got, data = checkpoint.restore(mngr, state)
   mngr.close()
   assert step == 4 and data == {"pos": 4}
-  np.testing.assert_array_equal(got["w"], np.arange(6.0).reshape(2, 3))
+  np.testing.assert_array_equal(got["w"], w)
+  assert int(got["step"]) == 4
