@@ -60,9 +60,9 @@ def main() -> None:
       best = {arm: [float("inf")] * 2 for arm in ("sync", "async")}
       timed_save(root, state, True)  # warm-up: orbax's first save sets up its threads
       for _ in range(args.repeats):
-        for arm in best:
+        for arm, times in best.items():
           got = timed_save(root, state, arm == "async")
-          best[arm] = [min(a, b) for a, b in zip(best[arm], got)]
+          best[arm] = [min(a, b) for a, b in zip(times, got)]
       sync, async_ = best["sync"], best["async"]
       rows.append({
         "state_mib": mib, "sync_stall_ms": 1e3 * sync[0], "async_stall_ms": 1e3 * async_[0],

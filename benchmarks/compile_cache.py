@@ -43,7 +43,9 @@ def launch(workdir: str, cache: str, values: dict) -> float:
   flags = [f"--config.{k}={v}" for k, v in {**values, "train.compile_cache": cache}.items()]
   argv = [sys.executable, "-m", "moejax.train", "--config", "configs/quickstart.py"]
   t = time.perf_counter()
-  out = subprocess.run([*argv, "--workdir", workdir, *flags], cwd=REPO, capture_output=True, text=True)
+  out = subprocess.run(
+    [*argv, "--workdir", workdir, *flags], cwd=REPO, capture_output=True, text=True, check=False
+  )
   if out.returncode:
     sys.exit(f"{' '.join(argv)} failed:\n{out.stderr[-3000:]}")
   return time.perf_counter() - t

@@ -21,13 +21,13 @@ class Manager:
   def __init__(self, events: list):
     self.events = events
 
-  def save(self, step, args, force):  # noqa: ARG002
+  def save(self, step, args, force):
     self.events.append(f"save {step}")
 
   def wait_until_finished(self):
     self.events.append("wait")
 
-  def reached_preemption(self, step):  # noqa: ARG002
+  def reached_preemption(self, step):
     return False
 
 
@@ -35,7 +35,7 @@ class Stop:
   def __init__(self, at: int | None):
     self.at, self.signal_name = at, None
 
-  def requested(self, mngr, step):  # noqa: ARG002
+  def requested(self, mngr, step):
     if step == self.at:
       self.signal_name = "SIGTERM"
     return step == self.at
@@ -50,17 +50,18 @@ class Bar:
 
 
 def run(events: list, end: int, stop_at: int | None = None) -> loop.LoopResult:
-  def step_fn(state, tokens, rng):  # noqa: ARG001
+  def step_fn(state, tokens, rng):
     events.append(f"step {state + 1}")
     return state + 1, {"loss": jnp.float32(1.0), "nonfinite": jnp.int32(0)}
 
   setup = loop.LoopSetup(
-    config=loop.LoopConfig(log_every=100, eval_every=100, ckpt_every=2, on_nonfinite="stop",
-                           max_skips=0),  # fmt: skip
+    config=loop.LoopConfig(
+      log_every=100, eval_every=100, ckpt_every=2, on_nonfinite="stop", max_skips=0
+    ),
     step_fn=step_fn,
     evaluate=lambda state: 0.0,
     next_tokens=lambda: None,
-    data_state=lambda: {},
+    data_state=dict,
     mngr=Manager(events),
     write_row=lambda row: None,
     rng=np.zeros((), np.uint32),

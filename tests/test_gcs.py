@@ -163,9 +163,7 @@ def test_runio_on_gs_writes_appends_uploads_and_moves_a_folder(gcs):  # noqa: F8
   assert runio.exists(f"{run}/config.json")  # nothing else was touched
 
 
-def test_metrics_rows_on_gs_are_stored_at_each_checkpoint_and_survive_a_kill(
-  gcs, monkeypatch  # noqa: F811
-):
+def test_metrics_rows_on_gs_are_stored_at_each_checkpoint_and_survive_a_kill(gcs, monkeypatch):  # noqa: F811
   """No object rewrite per row: rows reach gs:// at a checkpoint (`sync`) or the end; a run
   killed after one keeps every row up to it, and its rerun appends after them."""
   run, writes, real = gcs.uri("tracker"), [], runio.write_text
@@ -175,7 +173,9 @@ def test_metrics_rows_on_gs_are_stored_at_each_checkpoint_and_survive_a_kill(
     return tracking.Tracker(run, {}, mode="disabled", project="p")
 
   def stored() -> list[int]:
-    return [json.loads(line)["step"] for line in runio.read_text(f"{run}/metrics.jsonl").splitlines()]
+    return [
+      json.loads(line)["step"] for line in runio.read_text(f"{run}/metrics.jsonl").splitlines()
+    ]
 
   first = tracker()
   for step in range(1, 5):

@@ -93,7 +93,7 @@ def layer_of(module: str, layers=LAYERS) -> int | None:
   return best[0]
 
 
-def upward_imports(edges: dict[str, dict[str, "Import"]], layers=LAYERS) -> list[str]:
+def upward_imports(edges: dict[str, dict[str, Import]], layers=LAYERS) -> list[str]:
   """'file:line imports X (layer j) from layer i < j' for each import against the layers."""
   out = []
   for name, targets in sorted(edges.items()):

@@ -42,7 +42,7 @@ def hlo_instruction_names(run: trainer.Run) -> set[str]:
   train_step, _ = trainer.compile_steps(run)
   tokens = jnp.asarray(next(run.data.train_iterator())["tokens"])
   text = train_step.lower(run.state, tokens, jax.random.key(0)).compile().as_text()
-  return set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", text, flags=re.M))
+  return set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", text, flags=re.MULTILINE))
 
 
 @FULL

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 
 import numpy as np
 import optax
@@ -42,7 +44,9 @@ def test_cosine_is_bitwise_the_schedule_before_issue_53():
   )
   new = schedules.make(optim(), steps)
   assert np.array_equal(schedules.values(old, steps + 3), schedules.values(new, steps + 3))
-  cos = reference(steps, lambda i, n, f: f + (LR - f) * 0.5 * (1 + math.cos(math.pi * min(i / n, 1))))
+  cos = reference(
+    steps, lambda i, n, f: f + (LR - f) * 0.5 * (1 + math.cos(math.pi * min(i / n, 1)))
+  )
   np.testing.assert_allclose(schedules.values(new, steps + 3), cos, rtol=2e-6, atol=1e-9)
 
 
@@ -129,17 +133,25 @@ QUIET = {"log": lambda *a: None}
 
 @FULL
 def test_a_wsd_run_resumed_with_a_longer_budget_is_bitwise_one_launched_with_it(tmp_path):
-  """10 steps (stable to 8), stopped at 4; resumed with train.steps=16: as 16 from the start."""
-  branch, whole = str(tmp_path / "branch"), str(tmp_path / "whole")
+  """10 steps (stable to 8), stopped at 4; resumed with train.steps=16, in its workdir and
+  in a new one holding its config.json and checkpoint 4 (docs/training.md): as 16 from the
+  start."""
+  branch, copy, whole = (str(tmp_path / name) for name in ("branch", "copy", "whole"))
   trainer.train(tiny(train__steps=10, train__stop_at=4, **WSD), branch, **QUIET)
-  trainer.train(tiny(train__steps=16, **WSD), branch, **QUIET)
-  trainer.train(tiny(train__steps=16, **WSD), whole, **QUIET)
-  a, b = metric_rows(branch), metric_rows(whole)
-  assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 17))
-  for key in ("loss", "grad_norm", "lr"):
-    assert [r[key] for r in a] == [r[key] for r in b], key
-  assert a[-1]["lr"] < a[5]["lr"]  # the longer run decayed at its own end
+  os.makedirs(os.path.join(copy, "checkpoints"))
+  shutil.copy(os.path.join(branch, "config.json"), copy)
+  shutil.copytree(os.path.join(branch, "checkpoints", "4"), os.path.join(copy, "checkpoints", "4"))
+  for run_dir in (branch, copy, whole):
+    trainer.train(tiny(train__steps=16, **WSD), run_dir, **QUIET)
+  want = metric_rows(whole)
+  assert [r["step"] for r in want] == list(range(1, 17))
+  assert want[-1]["lr"] < want[5]["lr"]  # the longer run decayed at its own end
   abstract = trainer.build(tiny(train__steps=16, **WSD), None).state
-  _, state_a, _ = checkpoint.restore(checkpoint.manager(branch), abstract)
   _, state_b, _ = checkpoint.restore(checkpoint.manager(whole), abstract)
-  assert_trees_equal(state_a, state_b, "state")
+  for run_dir, first in ((branch, 1), (copy, 5)):  # the copy logs from step 5
+    got = metric_rows(run_dir)
+    assert [r["step"] for r in got] == list(range(first, 17))
+    for key in ("loss", "grad_norm", "lr"):
+      assert [r[key] for r in got] == [r[key] for r in want[first - 1 :]], key
+    _, state_a, _ = checkpoint.restore(checkpoint.manager(run_dir), abstract)
+    assert_trees_equal(state_a, state_b, "state")

@@ -9,7 +9,6 @@ import os
 import struct
 
 import numpy as np
-import pytest
 from failure_helpers import fast_compiles, metric_rows, tiny  # noqa: F401
 from PIL import Image
 from tensorboardX.proto import event_pb2
@@ -51,7 +50,10 @@ def test_rows_become_scalars_and_the_grid_text_and_an_image(tmp_path):
   events.grid(2, "| k1 | k2 |\n|---|---|\n| 1 | 2 |", png)
   events.close()
   got = read_events(str(tmp_path / "tensorboard"))
-  assert scalars(got) == {"loss": {1: 2.5, 2: 2.25}, "lr": {1: np.float32(1e-3), 2: np.float32(2e-3)}}
+  assert scalars(got) == {
+    "loss": {1: 2.5, 2: 2.25},
+    "lr": {1: np.float32(1e-3), 2: np.float32(2e-3)},
+  }
   values = {v.tag: (e.step, v) for e in got for v in e.summary.value}
   step, text = values["eval/k_grid/text_summary"]
   assert step == 2 and b"| 1 | 2 |" in text.tensor.string_val[0]

@@ -177,7 +177,9 @@ def _log_tensorboard(workdir: str, c, step: int, out: str) -> None:
   """The grid's table and heatmap into the run's TensorBoard events (`train.tensorboard`)."""
   events = tensorboard.Events(workdir, c.train.tensorboard)
   try:
-    events.grid(step, runio.read_text(os.path.join(out, "k_grid.md")), os.path.join(out, "k_grid.png"))
+    events.grid(
+      step, runio.read_text(os.path.join(out, "k_grid.md")), os.path.join(out, "k_grid.png")
+    )
   finally:
     events.close()
 

@@ -216,8 +216,7 @@ class Loop:
     except Exception as e:  # noqa: BLE001  (as in save)
       failed, self.last_saved = self.last_saved, self.written
       raise SaveFailed(
-        f"saving checkpoint {self.s.mngr.directory}/{failed} failed ({e}); "
-        f"{self.good_checkpoint()}"
+        f"saving checkpoint {self.s.mngr.directory}/{failed} failed ({e}); {self.good_checkpoint()}"
       ) from None
     self.written = self.last_saved
 
