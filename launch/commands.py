@@ -41,8 +41,15 @@ def overrides(sweep: Sweep, run: RunSpec) -> dict[str, object]:
   return launcher | dict(run.overrides)
 
 
+def compile_cache(workdir: str) -> str:
+  """`<root>/<sweep>/xla_cache`: one persistent compilation cache for a sweep's runs."""
+  return posixpath.join(posixpath.dirname(workdir.rstrip("/")), "xla_cache")
+
+
 def train_argv(sweep: Sweep, run: RunSpec, workdir: str, python: str = "python") -> list[str]:
-  flags = [f"--config.{k}={format_value(v)}" for k, v in overrides(sweep, run).items()]
+  """The train command; every run of a sweep shares its compile cache (a run may set its own)."""
+  values = {"train.compile_cache": compile_cache(workdir)} | overrides(sweep, run)
+  flags = [f"--config.{k}={format_value(v)}" for k, v in values.items()]
   return [python, "-m", "moejax.train", "--config", run.config, "--workdir", workdir, *flags]
 
 

@@ -40,6 +40,7 @@ TINY_RUN = {
   "train.eval_sequences": 4,
   "eval.batch_size": 4,
   "wandb.mode": "disabled",
+  "train.tensorboard": False,  # tensorboardX imports torch (seconds per process); its own tests
 }
 
 # d_model 32, 2 layers, E 4, seq 16, batch 4 (the tiny config).

@@ -30,6 +30,7 @@ TINY = [
   "--config.eval.batch_size=4",
   "--config.train.progress=False",
   "--config.wandb.mode=disabled",
+  "--config.train.tensorboard=False",
   "--config.eval.after_train=False",
 ]
 RUN_ARGS = TINY + [
@@ -373,7 +374,7 @@ def test_an_os_error_line_names_the_path_however_the_error_was_raised(tmp_path):
 
   missing = str(tmp_path / "nope.json")
   with pytest.raises(FileNotFoundError) as raised:
-    open(missing).close()  # noqa: SIM115  (the OS fills strerror and filename)
+    open(missing).close()
   assert os_error_line(raised.value) == f"No such file or directory: {missing}"
   # gcsfs and fsspec pass only the path, e.g. when a deletion finds nothing to delete
   assert os_error_line(FileNotFoundError("gs://b/run/checkpoints/3")) == (

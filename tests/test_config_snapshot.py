@@ -54,6 +54,14 @@ ADDED = {
   ("model", "not_modelled"): lambda got: got["config"]["model"]["not_modelled"],
   # issue 51: tiktoken rank files take a split pattern
   ("config", "data", "tiktoken_pattern"): "",
+  # Issue 53: the learning-rate schedule by name (cosine, as before, unless a file sets it).
+  ("config", "optim", "schedule"): "cosine",
+  ("config", "optim", "decay_fraction"): 0.2,
+  ("config", "optim", "decay_shape"): "1-sqrt",
+  ("config", "train", "compile_cache"): "auto",
+  ("config", "train", "profile_steps"): "",
+  ("config", "train", "tensorboard"): True,
+  ("config", "train", "async_checkpoints"): True,
 }
 # Keys renamed since the snapshot: new path -> old path (issue 51: `data.jsonl_key` became
 # `data.text_key`, the JSONL field and the Parquet/Arrow column); the value moves back.

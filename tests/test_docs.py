@@ -173,6 +173,18 @@ RUN_BY_TESTS: dict[str, str] = {
     "tests/downstream/test_grid.py::test_trained_run_above_chance_end_to_end"
   ),
   # docs/training.md
+  "python -m moejax.train --config configs/quickstart.py --workdir runs/wsd "
+  "--config.optim.schedule=wsd --config.train.steps=2000 --config.train.stop_at=1600": (
+    "tests/test_schedules.py::test_a_wsd_run_resumed_with_a_longer_budget_is_bitwise_one_launched_with_it"
+  ),
+  "mkdir -p runs/wsd4k/checkpoints && cp runs/wsd/config.json runs/wsd4k/ && cp -r "
+  "runs/wsd/checkpoints/1600 runs/wsd4k/checkpoints/": (
+    "tests/test_schedules.py::test_a_wsd_run_resumed_with_a_longer_budget_is_bitwise_one_launched_with_it"
+  ),
+  "python -m moejax.train --config configs/quickstart.py --workdir runs/wsd4k "
+  "--config.optim.schedule=wsd --config.train.steps=4000": (
+    "tests/test_schedules.py::test_a_wsd_run_resumed_with_a_longer_budget_is_bitwise_one_launched_with_it"
+  ),
   "python -m moejax.train --config configs/quickstart.py --workdir runs/olmoe "
   "--config.model.moe.rule=olmoe": "tests/test_configs.py::test_resume_with_a_changed_resolved_rule_exits_2",
   "python -m moejax.train --config configs/mixtral.py --workdir runs/mix "

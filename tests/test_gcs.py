@@ -28,7 +28,8 @@ from gcs_fixture import filesystem, gcs  # noqa: F401  (gcs: the session's serve
 
 from moejax import runio
 from moejax.data import corpora, shards
-from moejax.training import checkpoint, trainer
+from moejax.training import checkpoint, tracking, trainer
+from moejax.training import workdir as workdir_lib
 from runconfig import as_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,7 +127,7 @@ def saving(workdir: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def abstract():
-  return trainer.build(as_run(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()})), None).state
+  return trainer.build(as_run(as_run(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()}))), None).state
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +162,35 @@ def test_runio_on_gs_writes_appends_uploads_and_moves_a_folder(gcs):  # noqa: F8
   for name in ("state/d/abc", "state/manifest.ocdbt", "commit_success.txt"):
     assert runio.read_text(f"{run}/checkpoints_corrupt/8/{name}") == name
   assert runio.exists(f"{run}/config.json")  # nothing else was touched
+
+
+def test_metrics_rows_on_gs_are_stored_at_each_checkpoint_and_survive_a_kill(gcs, monkeypatch):  # noqa: F811
+  """No object rewrite per row: rows reach gs:// at a checkpoint (`sync`) or the end; a run
+  killed after one keeps every row up to it, and its rerun appends after them."""
+  run, writes, real = gcs.uri("tracker"), [], runio.write_text
+  monkeypatch.setattr(runio, "write_text", lambda p, text: writes.append(p) or real(p, text))
+
+  def tracker():
+    return tracking.Tracker(run, {}, mode="disabled", project="p")
+
+  def stored() -> list[int]:
+    return [
+      json.loads(line)["step"] for line in runio.read_text(f"{run}/metrics.jsonl").splitlines()
+    ]
+
+  first = tracker()
+  for step in range(1, 5):
+    first.log({"step": step, "loss": 1.0 / step})
+  assert writes == []
+  first.sync()  # the checkpoint of step 4
+  assert len(writes) == 1 and stored() == [1, 2, 3, 4]
+  first.log({"step": 5, "loss": 0.2})  # then killed: no finish
+  workdir_lib.reset_metrics(run, 4)
+  second = tracker()
+  for step in (5, 6):
+    second.log({"step": step, "loss": 0.1})
+  second.finish()
+  assert stored() == [1, 2, 3, 4, 5, 6]
 
 
 def test_an_unfinished_save_on_gs_is_removed_and_committed_steps_are_kept(gcs):  # noqa: F811
@@ -328,7 +358,7 @@ def test_prepare_writes_shards_to_gs_and_training_streams_them_as_the_in_memory_
   assert logged_steps(workdir) == list(range(1, STEPS + 1))
   same_rows(rows(workdir), rows(local_run))
   c = tiny(**{k.replace(".", "__"): v for k, v in {**RUN, **local}.items()})
-  abstract = trainer.build(as_run(c), None).state
+  abstract = trainer.build(as_run(as_run(c)), None).state
   a, b = final_state(workdir, abstract), final_state(local_run, abstract)
   assert a[0] == b[0] == STEPS and a[2] == b[2]
   assert_trees_equal(a[1], b[1], "final state streamed from gs:// vs encoded in memory")

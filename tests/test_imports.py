@@ -38,6 +38,9 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/training/tracking.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/kgrid/run.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/kgrid/report.py", "import matplotlib"): "matplotlib (~1.5 s), only for k_grid.png",
+  ("moejax/training/tensorboard.py", "from tensorboardX import SummaryWriter"): (
+    "tensorboardX imports torch where installed (seconds), only when train.tensorboard is on"
+  ),
   ("moejax/kgrid/report.py", "from matplotlib.figure import Figure"): "matplotlib",
   ("moejax/kgrid/report.py", "from matplotlib.patches import Rectangle"): "matplotlib",
   ("moejax/distributed.py", "from jax._src import clusters"): "private JAX API, best effort",
@@ -119,7 +122,7 @@ def layer_of(module: str, layers=LAYERS) -> int | None:
   return best[0]
 
 
-def upward_imports(edges: dict[str, dict[str, "Import"]], layers=LAYERS) -> list[str]:
+def upward_imports(edges: dict[str, dict[str, Import]], layers=LAYERS) -> list[str]:
   """'file:line imports X (layer j) from layer i < j' for each import against the layers."""
   out = []
   for name, targets in sorted(edges.items()):

@@ -14,6 +14,20 @@ from moejax.schema import check_fields, key
 
 NONFINITE = ("stop", "skip")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")  # moejax.training.schedules.SCHEDULES
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # moejax.training.schedules.DECAY_SHAPES
+
+
+def step_range(text: str, name: str = "train.profile_steps") -> tuple[int, int] | None:
+  """`"A:B"` as (A, B): the steps A..B-1 (a slice of metrics.jsonl's step numbers); '': None."""
+  if not text:
+    return None
+  a, sep, b = text.partition(":")
+  if sep and a.strip().isdigit() and b.strip().isdigit() and 1 <= int(a) < int(b):
+    return int(a), int(b)
+  raise UserError(
+    f"{name}={text!r} is not allowed; use 'A:B' with 1 <= A < B (steps A..B-1) or '' (off)"
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +41,9 @@ class TrainConfig:
   eval_sequences: int = key(64, "held-out windows of each evaluation during training", ge=1)
   ckpt_every: int = key(200, "steps between checkpoints", ge=1)
   keep_checkpoints: int = key(3, "checkpoints kept in WORKDIR/checkpoints (the newest)", ge=1)
+  async_checkpoints: bool = key(
+    True, "write checkpoints in the background; wait only at the next save, a stop, the end"
+  )
   grad_accum: int = key(1, "micro-batches per step; must divide data.batch_size", ge=1)
   progress: bool = key(True, "a tqdm progress bar on the terminal")
   stop_at: int = key(0, "leave early at this step, resumable (0: train.steps)", ge=0)
@@ -34,20 +51,39 @@ class TrainConfig:
     "stop", "a non-finite loss or gradient: stop, or skip the step", NONFINITE
   )
   max_skips: int = key(10, "with on_nonfinite=skip: stop after more skipped steps in a row", ge=0)
+  compile_cache: str = key(
+    "auto",
+    "JAX's persistent compilation cache: a folder or gs://; auto: JAX_COMPILATION_CACHE_DIR, "
+    "else ~/.cache/moejax/xla; '': off",
+  )
+  tensorboard: bool = key(True, "TensorBoard events in WORKDIR/tensorboard (tensorboardX)")
+  profile_steps: str = key(
+    "", "A:B: a jax.profiler trace of steps A..B-1 in WORKDIR/profile ('': none)"
+  )
 
   def __post_init__(self):
     check_fields(self, "train")
+    step_range(self.profile_steps)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """`optim.*`: AdamW with linear warmup and cosine decay, and global-norm clipping."""
+  """`optim.*`: AdamW with a warmup and a learning-rate schedule, and global-norm clipping."""
 
   lr: float = key(3e-3, "peak learning rate", ge=0)
   warmup_steps: int = key(100, "linear warmup steps (clamped below train.steps)", ge=0)
-  min_lr_ratio: float = key(
-    0.1, "the cosine's final learning rate, as a fraction of lr", ge=0, le=1
+  schedule: str = key(
+    "cosine",
+    "after the warmup: cosine, linear or constant to train.steps, or wsd (warmup-stable-decay)",
+    SCHEDULES,
   )
+  min_lr_ratio: float = key(
+    0.1, "the final learning rate (cosine, linear, wsd), as a fraction of lr", ge=0, le=1
+  )
+  decay_fraction: float = key(
+    0.2, "wsd: the decay's share of train.steps (the last round(fraction * steps))", gt=0, le=1
+  )
+  decay_shape: str = key("1-sqrt", "wsd: the decay's shape", DECAY_SHAPES)
   weight_decay: float = key(0.1, "AdamW's decoupled weight decay (matrices only)", ge=0)
   b1: float = key(0.9, "AdamW's first-moment decay", ge=0, lt=1)
   b2: float = key(0.95, "AdamW's second-moment decay", ge=0, lt=1)

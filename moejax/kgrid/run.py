@@ -26,6 +26,7 @@ from moejax.kgrid import report
 from moejax.kgrid import rows as rows_lib
 from moejax.kgrid.forward import CellForward, CellResult
 from moejax.kgrid.loading import load_config, load_run
+from moejax.training import tensorboard
 from moejax.training.tracking import wandb_dir, wandb_mode
 
 
@@ -169,6 +170,18 @@ def _write(rows: list[dict], rc: RunConfig, notes, out_dir: str, workdir: str) -
     )
     report.write_heatmap(rows, os.path.join(out, "k_grid.png"), **kw)
     _log_wandb(workdir, rc, rows, os.path.join(out, "k_grid.png"))
+    _log_tensorboard(workdir, rc, rows[0]["step"], out)
+
+
+def _log_tensorboard(workdir: str, rc: RunConfig, step: int, out: str) -> None:
+  """The grid's table and heatmap into the run's TensorBoard events (`train.tensorboard`)."""
+  events = tensorboard.Events(workdir, rc.train.tensorboard)
+  try:
+    events.grid(
+      step, runio.read_text(os.path.join(out, "k_grid.md")), os.path.join(out, "k_grid.png")
+    )
+  finally:
+    events.close()
 
 
 WANDB_COLUMNS = (

@@ -1,6 +1,9 @@
 """Orbax checkpoints of a run: train state (params, router biases, optimizer) + data state.
 
-Layout: `DIR/checkpoints/<step>/{state,data}` (orbax step directories). Saving is atomic
+Layout: `DIR/checkpoints/<step>/{state,data}` (orbax step directories). With
+`train.async_checkpoints` (the default) orbax copies the state to host memory and writes it
+in a background thread: `save` returns then, the next `save` waits for the one before, and
+the loop waits (`wait`) at a stop and at the end. Saving is atomic
 (orbax writes to a temporary directory and renames it; on gs://, which has no rename, it
 writes the step in place and commits it with commit_success.txt last), so an interrupted
 save never hides the previous good checkpoint, and old steps are deleted only after a
@@ -32,12 +35,16 @@ def directory(workdir: str) -> str:
   return path if "://" in path else os.path.abspath(path)
 
 
-def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
-  """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps. It deletes
-  nothing at start (orbax's `cleanup_tmp_directories` would, in a background thread that
-  races the run's own reads and writes): the trainer calls `remove_unfinished_saves`."""
+def manager(workdir: str, keep: int = 3, async_save: bool = False) -> ocp.CheckpointManager:
+  """A CheckpointManager on `DIR/checkpoints` keeping the newest `keep` steps, saving in the
+  background with `async_save`. It deletes nothing at start (orbax's
+  `cleanup_tmp_directories` would, in a background thread that races the run's own reads
+  and writes): the trainer calls `remove_unfinished_saves`."""
   options = ocp.CheckpointManagerOptions(
-    max_to_keep=keep, create=True, cleanup_tmp_directories=False
+    max_to_keep=keep,
+    create=True,
+    cleanup_tmp_directories=False,
+    enable_async_checkpointing=async_save,
   )
   return ocp.CheckpointManager(directory(workdir), options=options, item_names=("state", "data"))
 
@@ -65,12 +72,17 @@ def remove_unfinished_saves(workdir: str) -> list[str]:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -> None:
-  """Saves and waits, so a checkpoint reported as written is on disk."""
+  """Saves `step` once the previous save has finished; with an async manager it returns
+  when the state is in host memory (the caller may then donate it), before it is written."""
   mngr.save(
     step,
     args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)),
     force=True,
   )
+
+
+def wait(mngr: ocp.CheckpointManager) -> None:
+  """Blocks until every save has been written and committed (raising a save's error)."""
   mngr.wait_until_finished()
 
 
@@ -176,7 +188,8 @@ def restore_latest_good(
       log(f"warning: {why}; moved to {dest}; resuming from the previous checkpoint")
     if failures:
       mngr.close()
-      mngr = manager(workdir, mngr._options.max_to_keep)  # pylint: disable=protected-access
+      options = mngr._options  # pylint: disable=protected-access
+      mngr = manager(workdir, options.max_to_keep, options.enable_async_checkpointing)
     return mngr, restored
   if failures:
     raise UserError(

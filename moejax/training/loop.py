@@ -18,7 +18,7 @@ import numpy as np
 
 from moejax.config.sections import TrainConfig
 from moejax.sizing import flops
-from moejax.training import checkpoint, nonfinite
+from moejax.training import checkpoint, nonfinite, profiling
 
 
 class Diverged(RuntimeError):
@@ -57,6 +57,10 @@ class LoopSetup:
   log: Callable[[str], None]
   progress: Any  # tqdm bar
   perf: flops.Perf | None = None  # model FLOPs and device peak: the perf/ metrics of each row
+  synced: Callable[[], None] = lambda: None  # after each checkpoint: store buffered rows
+  profiler: profiling.Profiler = dataclasses.field(  # train.profile_steps ('': none)
+    default_factory=lambda: profiling.Profiler("", "", print)
+  )
 
 
 @dataclasses.dataclass
@@ -76,7 +80,8 @@ class Loop:
     self.log_c = Cadence(s.config.log_every, end)
     self.eval_c = Cadence(s.config.eval_every, end)
     self.ckpt_c = Cadence(s.config.ckpt_every, end)
-    self.last_saved = start if start > 0 else None
+    self.last_saved = start if start > 0 else None  # the newest save (maybe still writing)
+    self.written = self.last_saved  # the newest save known to be written
     self.skips_in_row = self.skipped = 0
     self.t_last, self.step_last = time.time(), start
     self.eval_loss = None
@@ -88,8 +93,10 @@ class Loop:
     is deferred: fetched once the next step is queued, so the device never waits."""
     s, deferred = self.s, None
     for i in range(self.start, self.end):
+      s.profiler.before(i + 1)
       state, metrics = s.step_fn(state, s.next_tokens(), jax.random.fold_in(s.rng, i))
       step = i + 1
+      s.profiler.after(step, state)
       if deferred is not None:  # the previous step's outputs, now that this one is queued
         self.check_and_log(*deferred)
       deferred = None
@@ -109,10 +116,12 @@ class Loop:
       if saving:
         self.save(state, step)
       if stopping:
+        self.wait_saves()
         s.log(f"stopped by {stop.signal_name or 'preemption'} at step {step}; checkpoint saved")
         return LoopResult(
           state, step, self.eval_loss, stop.signal_name or "preemption", self.skipped
         )
+    self.wait_saves()
     return LoopResult(state, self.end, self.eval_loss, None, self.skipped)
 
   def check_and_log(self, step: int, metrics: dict) -> None:
@@ -175,6 +184,8 @@ class Loop:
     self.s.progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_sec']:.0f}")
 
   def save(self, state, step: int) -> None:
+    """Saves `step` once the save before it is written (async: the write goes on behind)."""
+    self.wait_saves()
     try:
       checkpoint.save(self.s.mngr, step, state, self.s.data_state())
     except Exception as e:  # noqa: BLE001  (orbax may wrap the OSError of a full disk)
@@ -182,6 +193,18 @@ class Loop:
         f"saving checkpoint {self.s.mngr.directory}/{step} failed ({e}); {self.good_checkpoint()}"
       ) from None
     self.last_saved = step
+    self.s.synced()
+
+  def wait_saves(self) -> None:
+    """Until the last save is written: before the next save, at a stop and at the end."""
+    try:
+      checkpoint.wait(self.s.mngr)
+    except Exception as e:  # noqa: BLE001  (as in save)
+      failed, self.last_saved = self.last_saved, self.written
+      raise SaveFailed(
+        f"saving checkpoint {self.s.mngr.directory}/{failed} failed ({e}); {self.good_checkpoint()}"
+      ) from None
+    self.written = self.last_saved
 
 
 def mean_loss(loss_N: np.ndarray) -> float:

@@ -1,4 +1,5 @@
-"""AdamW with linear warmup, cosine decay and global-norm clipping (config `optim.*`)."""
+"""AdamW with a learning-rate schedule (moejax.training.schedules) and global-norm clipping
+(config `optim.*`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,12 @@ import optax
 
 from moejax import sharding
 from moejax.config.sections import OptimConfig
+from moejax.training import schedules
 
 
 def schedule(o: OptimConfig, steps: int) -> optax.Schedule:
-  """Linear warmup to `optim.lr`, cosine decay to `lr · min_lr_ratio` at `steps`
-  (`train.steps`)."""
-  warmup = min(o.warmup_steps, max(steps - 1, 0))
-  return optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=o.lr,
-    warmup_steps=warmup,
-    decay_steps=max(steps, warmup + 1),
-    end_value=o.lr * o.min_lr_ratio,
-  )
+  """`optim.schedule` over `steps` (`train.steps`; moejax.training.schedules)."""
+  return schedules.make(o, steps)
 
 
 def decay_mask(params):

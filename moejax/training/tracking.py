@@ -1,4 +1,10 @@
-"""Run tracking on process 0 only: `DIR/metrics.jsonl` always, wandb when enabled.
+"""Run tracking on process 0 only: `DIR/metrics.jsonl` always, wandb when enabled, and
+TensorBoard events (moejax.training.tensorboard) with `train.tensorboard`.
+
+A local metrics.jsonl is appended row by row. On an object store (gs://), where an append
+rewrites the object, rows are kept in memory and the object is written at each checkpoint
+(`sync`, which the loop calls after a save) and at the end, so the run's writes grow
+linearly with its checkpoints and every row up to a checkpoint is stored with it.
 
 `wandb.mode=auto` logs online when an API key is configured and offline otherwise (then
 `wandb sync DIR/wandb/offline-run-*` uploads later). The run id is kept in
@@ -17,6 +23,7 @@ from typing import Any
 import jax
 
 from moejax import runio
+from moejax.training import tensorboard
 
 
 def git_commit() -> str:
@@ -73,10 +80,14 @@ class Tracker:
     entity: str = "",
     name: str = "",
     tags: str = "",
+    events: bool = False,
+    start: int = 0,
   ):
     self.path = str(runio.path(workdir, "metrics.jsonl"))
     self.run = None
     self.note = ""
+    self.events = tensorboard.Events(workdir, events, start)  # no-op off process 0
+    self.buffer = _RemoteLines(self.path) if runio.is_remote(workdir) else None
     if jax.process_index() != 0:
       return
     mode = wandb_mode(mode)
@@ -108,10 +119,44 @@ class Tracker:
     if jax.process_index() != 0:
       return
     row = {k: _jsonable(v) for k, v in row.items()}
-    runio.append_lines(self.path, [json.dumps(row)])
+    if self.buffer is not None:
+      self.buffer.append(json.dumps(row))
+    else:
+      runio.append_lines(self.path, [json.dumps(row)])
+    self.events.scalars(row)
     if self.run is not None:
       self.run.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
 
+  def sync(self) -> None:
+    """Stores what is buffered (gs:// metrics rows, TensorBoard events): at a checkpoint."""
+    if jax.process_index() != 0:
+      return
+    if self.buffer is not None:
+      self.buffer.flush()
+    self.events.sync()
+
   def finish(self) -> None:
+    self.sync()
+    self.events.close()
     if self.run is not None:
       self.run.finish()
+
+
+class _RemoteLines:
+  """An object-store file's lines, read once, appended in memory, written at `flush`."""
+
+  def __init__(self, path: str):
+    self.path = path
+    p = runio.path(path)
+    self.chunks = [runio.read_text(p)] if jax.process_index() == 0 and p.exists() else []
+    self.dirty = False
+
+  def append(self, line: str) -> None:
+    self.chunks.append(line + "\n")
+    self.dirty = True
+
+  def flush(self) -> None:
+    if self.dirty:
+      self.chunks = ["".join(self.chunks)]
+      runio.write_text(self.path, self.chunks[0])
+      self.dirty = False

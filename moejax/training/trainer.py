@@ -19,7 +19,16 @@ from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
 from moejax.nn import model as model_lib
 from moejax.sizing import flops, worksheet
-from moejax.training import checkpoint, loop, nonfinite, optim, stopping, tracking
+from moejax.training import (
+  checkpoint,
+  compile_cache,
+  loop,
+  nonfinite,
+  optim,
+  profiling,
+  stopping,
+  tracking,
+)
 from moejax.training import step as step_lib
 from moejax.training import workdir as workdir_lib
 from moejax.training.loop import Diverged, SaveFailed  # noqa: F401  (public: the CLI catches them)
@@ -128,12 +137,13 @@ def resume(run: Run, workdir: str, it, log):
   t = run.config.train
   for path in checkpoint.remove_unfinished_saves(workdir):
     log(f"removed {path}: a checkpoint save that did not finish (the run was killed mid-save)")
-  mngr = checkpoint.manager(workdir, t.keep_checkpoints)
+  mngr = checkpoint.manager(workdir, t.keep_checkpoints, t.async_checkpoints)
   mngr, restored = checkpoint.restore_latest_good(workdir, mngr, run.state, log)
   if restored is None:
     return mngr, 0, run.state
   start, state, data_state = restored
   workdir_lib.check_steps(workdir, t.steps, start)
+  workdir_lib.check_schedule(workdir, run.config, start)
   it.set_state(data_state)
   log(f"resumed from {mngr.directory}/{start}")
   return mngr, start, state
@@ -143,6 +153,7 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
   t0 = time.time()
   mesh = check_config(rc)
+  compile_cache.enable(rc.train.compile_cache)  # before the first compile
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, rc)
   run = build(rc, workdir, mesh)
@@ -156,7 +167,15 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   workdir_lib.write_config_json(workdir, resolved)
   w = rc.wandb
   tracker = tracking.Tracker(
-    workdir, resolved, mode=w.mode, project=w.project, entity=w.entity, name=w.name, tags=w.tags
+    workdir,
+    resolved,
+    mode=w.mode,
+    project=w.project,
+    entity=w.entity,
+    name=w.name,
+    tags=w.tags,
+    events=t.tensorboard,
+    start=start,
   )
   prepared = f" (prepared: {run.data.prepared})" if run.data.prepared else ""
   log(
@@ -179,17 +198,20 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
     data_state=it.get_state,
     mngr=mngr,
     write_row=tracker.log,
+    synced=tracker.sync,
     rng=jax.random.key(t.seed),
     moe_layers=layers,
     tokens_per_step=d.batch_size * d.seq_len,
     log=log,
     progress=bar,
     perf=flops.Perf.for_run(rc.model, d.seq_len),
+    profiler=profiling.Profiler(t.profile_steps, workdir, log),
   )
   try:
     with stopping.StopRequest().installed() as stop:
       result = loop.Loop(setup, start, end).run(state, stop)
   finally:  # also on Diverged / errors: no orbax or wandb threads left behind
+    setup.profiler.stop()
     bar.close()
     mngr.close()
     tracker.finish()

@@ -8,6 +8,7 @@ gs:// workdir works too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -17,6 +18,7 @@ from moejax import config as config_lib
 from moejax.config import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
+from moejax.training import optim, schedules
 
 # Config sections that must match the workdir's config.json to resume.
 FROZEN_SECTIONS = ("model", "data")
@@ -145,6 +147,29 @@ def check_steps(workdir: str, steps: int, restored: int) -> None:
       f"train.steps={steps} is below the checkpoint step {restored} in "
       f"{workdir}/checkpoints; use train.steps >= {restored} or a new --workdir"
     )
+
+
+def check_schedule(workdir: str, rc: RunConfig, restored: int) -> None:
+  """A resume may change `train.steps` and `optim.*` only where every step already trained
+  keeps bitwise its learning rate: the checkpoint is then the state a run launched with the
+  new config has at that step, so the resume is exact (a WSD run's stable phase into a
+  longer budget). A cosine or linear decay to `train.steps` changes with it: refused."""
+  saved = read_saved(workdir)
+  if saved is None or restored == 0:
+    return
+  old = from_saved(saved)
+  was_lr = optim.schedule(old.optim, old.train.steps)
+  if schedules.trained_steps_match(was_lr, optim.schedule(rc.optim, rc.train.steps), restored):
+    return
+  now = {"train": {"steps": rc.train.steps}, "optim": dataclasses.asdict(rc.optim)}
+  was = {"train": {"steps": old.train.steps}, "optim": dataclasses.asdict(old.optim)}
+  key, before, after = _diff(was, now, "") or ("optim", "?", "?")
+  raise UserError(
+    f"{key}={after!r} changes the learning rate of steps already trained (the checkpoint "
+    f"step {restored} in {workdir}/checkpoints was trained with {before!r}); resume with "
+    f"{key}={before!r} or use a new --workdir (optim.schedule=wsd keeps its stable phase "
+    f"across train.steps)"
+  )
 
 
 def reset_metrics(workdir: str, step: int) -> None:
