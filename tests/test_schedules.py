@@ -114,18 +114,18 @@ def test_resume_check_refuses_a_changed_budget_under_cosine(tmp_path):
   run = saved_run(tmp_path, 6)
   longer = tiny(train__steps=12)
   with pytest.raises(UserError, match=r"train.steps=12 changes the learning rate .* step 4 .* 6"):
-    workdir.check_schedule(run, longer, 4)
-  workdir.check_schedule(run, longer, 2)  # still in the shared warmup (2 steps): exact
+    workdir.check_schedule(run, as_run(longer), 4)
+  workdir.check_schedule(run, as_run(longer), 2)  # still in the shared warmup (2 steps): exact
   with pytest.raises(UserError, match=r"optim.lr=0.01 changes the learning rate"):
-    workdir.check_schedule(run, tiny(train__steps=6, optim__lr=0.01), 4)
+    workdir.check_schedule(run, as_run(tiny(train__steps=6, optim__lr=0.01)), 4)
 
 
 def test_resume_check_allows_a_longer_wsd_budget_from_its_stable_phase(tmp_path):
   run = saved_run(tmp_path, 10, schedule="wsd", decay_fraction=0.2)  # stable to step 8
   longer = tiny(train__steps=20, optim__schedule="wsd", optim__decay_fraction=0.2)
-  workdir.check_schedule(run, longer, 9)  # steps 0..8: the decay's first step is still lr
+  workdir.check_schedule(run, as_run(longer), 9)  # steps 0..8: the decay's first step is still lr
   with pytest.raises(UserError, match="train.steps=20"):
-    workdir.check_schedule(run, longer, 10)
+    workdir.check_schedule(run, as_run(longer), 10)
 
 
 WSD = {"optim__schedule": "wsd", "optim__decay_fraction": 0.2, "train__ckpt_every": 4}
