@@ -102,7 +102,7 @@ class EvalConfig:
   k2: str = key("", "k2 labels or integers, comma-separated ('': native,k1,K,2K,E)")
   sequences: int = key(256, "held-out windows the grid evaluates", ge=1)
   batch_size: int = key(32, "windows per grid forward", ge=1)
-  bootstrap_resamples: int = key(2000, "resamples of the paired bootstrap CIs", ge=1)
+  bootstrap_resamples: int = key(2000, "resamples of the paired bootstrap CIs", ge=1000)
   after_train: bool = key(False, "run the grid when training ends")
   gain_sequences: int = key(64, "held-out windows after the evaluated ones: the gain fit", ge=1)
 
