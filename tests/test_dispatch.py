@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from expert_weights import expert_weights
 
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
@@ -49,7 +50,7 @@ def make_case(T, E, K, seed=0, skew=False):
 
 @functools.cache
 def _dropless_fn(impl, block):
-  f = lambda x, e, w, W: dsp.dropless(x, e, w, dsp.ExpertWeights(*W), impl=impl, block=block)
+  f = lambda x, e, w, W: dsp.dropless(x, e, w, expert_weights(*W), impl=impl, block=block)
   return jax.jit(f)
 
 
@@ -110,7 +111,7 @@ def test_dropless_gradients_per_expert(impl, block):
   x, experts, weights, W = make_case(40, E, K, seed=3, skew=True)
   g = np.random.default_rng(9).normal(size=x.shape).astype(np.float32)
   loss = lambda x, W, r: jnp.sum(
-    g * dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl=impl, block=block)
+    g * dsp.dropless(x, experts, r, expert_weights(*W), impl=impl, block=block)
   )
   got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, W, weights)
   _check_grads(got, _naive_grads(x, experts, weights, W, g), experts)
@@ -126,7 +127,7 @@ def test_capacity_gradients_match_naive_loop_on_kept_assignments(impl):
 
   def loss(x, W, r):
     y, kept = dsp.capacity_dispatch(
-      x, experts, r, dsp.ExpertWeights(*W), cap=cap, group_size=group, order=order, impl=impl
+      x, experts, r, expert_weights(*W), cap=cap, group_size=group, order=order, impl=impl
     )
     return jnp.sum(g * y), kept
 
@@ -231,7 +232,7 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
     x,
     experts,
     weights,
-    dsp.ExpertWeights(*W),
+    expert_weights(*W),
     cap=cap,
     group_size=group_size,
     order=order,
@@ -257,7 +258,7 @@ def test_large_capacity_equals_dropless():
     x,
     experts,
     weights,
-    dsp.ExpertWeights(*W),
+    expert_weights(*W),
     cap=cap,
     group_size=T,
     order=plans.drop_order("position", experts, weights, jnp.zeros((T, E)), T),

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from expert_weights import expert_weights
 
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
@@ -31,7 +32,7 @@ def _loss(fn, g_TxD):
 @functools.cache
 def _grad_fns(impl, K):
   g_TxD = jnp.asarray(np.random.default_rng(7).normal(size=(T, D)), jnp.float32)
-  ours = lambda x, e, r, *W: dsp.dropless(x, e, r, dsp.ExpertWeights(*W), impl=impl, block=BLOCK)
+  ours = lambda x, e, r, *W: dsp.dropless(x, e, r, expert_weights(*W), impl=impl, block=BLOCK)
   grad = lambda fn: jax.jit(jax.value_and_grad(_loss(fn, g_TxD), argnums=(0, 1, 3)))
   return grad(ours), grad(reference)
 

@@ -227,9 +227,13 @@ def test_import_stacks_the_layers_it_fills(imported):
   assert sorted(flat, key=str) == sorted(params[unrolled], key=str)
   for path, a in params[unrolled].items():
     np.testing.assert_array_equal(flat[path], a, err_msg=str(path))
-  up_FxD = load_file(src / "model.safetensors")["model.layers.1.mlp.experts.3.up_proj.weight"]
-  w_up_RxExDxF = params[scanned][("stacks", 0, "blocks", 0, "mlp", "experts", "w_up")]
-  np.testing.assert_array_equal(w_up_RxExDxF[1, 3], up_FxD.T)  # layer 1 is row 1, expert 3
+  hf = load_file(src / "model.safetensors")
+  gate_FxD, up_FxD = (hf[f"model.layers.1.mlp.experts.3.{n}_proj.weight"] for n in ("gate", "up"))
+  w_gu_RxExDx2F = params[scanned][("stacks", 0, "blocks", 0, "mlp", "experts", "w_gate_up")]
+  F = mc[scanned].moe.d_expert
+  assert w_gu_RxExDx2F.shape[-1] == 2 * F == 2 * up_FxD.shape[0]
+  np.testing.assert_array_equal(w_gu_RxExDx2F[1, 3, :, :F], gate_FxD.T)  # layer 1 = row 1
+  np.testing.assert_array_equal(w_gu_RxExDx2F[1, 3, :, F:], up_FxD.T)  # expert 3, up half
 
 
 def test_export_native_run(tmp_path, tokens):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from expert_weights import expert_weights
 from failure_helpers import results_on_host_devices
 from test_dispatch import _check_grads, _naive_grads, naive_moe
 from test_dropless import E, _case, _grad_fns, routing
@@ -75,7 +76,7 @@ def test_rows_outside_every_group_contribute_nothing():
   g = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
 
   def loss(x, W, r):
-    y = dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl="tokamax", used_TxK=used)
+    y = dsp.dropless(x, experts, r, expert_weights(*W), impl="tokamax", used_TxK=used)
     return jnp.sum(g * y), y
 
   grads, y = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(x, W, w_used)
@@ -89,7 +90,7 @@ def test_bf16_inputs_give_bf16_output_near_the_f32_reference():
   experts, weights = routing("random", 2, seed=4)
   bf = lambda a: jnp.asarray(a, jnp.bfloat16)
   y = jax.jit(
-    lambda x, W: dsp.dropless(x, experts, weights, dsp.ExpertWeights(*W), impl="tokamax")
+    lambda x, W: dsp.dropless(x, experts, weights, expert_weights(*W), impl="tokamax")
   )(bf(x), tuple(map(bf, W)))
   assert y.dtype == jnp.bfloat16
   want = naive_moe(x, experts, weights, W)
@@ -116,7 +117,7 @@ def test_cuda_branch_lowers_to_triton_kernels_from_a_cpu_host():
   experts, weights = routing("random", 2)
 
   def loss(x, W, r):
-    return jnp.sum(dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl="tokamax") ** 2)
+    return jnp.sum(dsp.dropless(x, experts, r, expert_weights(*W), impl="tokamax") ** 2)
 
   fn = jax.grad(loss, argnums=(0, 1, 2))
   cuda = _lowered_text(fn, x, W, weights, platform="cuda")
@@ -159,7 +160,7 @@ logits = r.normal(size=(T, E)); logits[:64, 1] += 9.0  # one device's tokens all
 e = jnp.asarray(np.argsort(-logits, -1)[:, :K], jnp.int32)
 w = jnp.asarray(r.uniform(0.1, 1, size=(T, K)), jnp.float32)
 W = dsp.ExpertWeights(*(jnp.asarray(r.normal(size=s) * 0.3, jnp.float32)
-                        for s in [(E, D, F), (E, D, F), (E, F, D)]))
+                        for s in [(E, D, 2 * F), (E, F, D)]))
 def loss(x, w, W):
   return jnp.sum(dsp.dropless(x, e, w, W, impl="tokamax") ** 2)
 f = jax.value_and_grad(loss, argnums=(0, 1, 2))
@@ -227,7 +228,7 @@ def test_new_kernels_compile_for_an_h100_without_a_while_loop(h100):
   def moe(impl, mode):
     def loss(x, wg, wu, wd, e):
       w = jnp.full(e.shape, 0.5, jnp.float32)
-      ex = dsp.ExpertWeights(wg, wu, wd)
+      ex = expert_weights(wg, wu, wd)
       if mode == "dropless":
         y = dsp.dropless(x, e, w, ex, impl=impl)
       else:

@@ -138,7 +138,7 @@ def _dropless_with(name: str, block: int) -> Callable:
 
   def planned(x_TxD, experts_TxK, weights_TxK, ex, used_TxK):
     T, K = experts_TxK.shape
-    E = ex.w_gate_ExDxF.shape[0]
+    E = ex.w_gate_up_ExDx2F.shape[0]
     sizes = (1,) if kernel.contiguous else plans.block_sizes(block, T * K, E)
     plan, blocks, counts_E = plans.dropless_plan(experts_TxK, E, sizes, used_TxK)
     args = plans.KernelArgs(x_TxD, plan, blocks, sizes, counts_E, weights_TxK, ex)
@@ -216,7 +216,7 @@ def capacity_dispatch(
   T, K = experts_TxK.shape
   check_group_size(group_size, T)
   check_mode(impl, "capacity")
-  E = ex.w_gate_ExDxF.shape[0]
+  E = ex.w_gate_up_ExDx2F.shape[0]
   plan = plans.capacity_plan(experts_TxK, order, E, cap, group_size, keep_TxK)
   expert_N = jnp.tile(jnp.arange(E, dtype=jnp.int32), T // group_size)
   N = expert_N.shape[0]
