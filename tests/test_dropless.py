@@ -103,7 +103,7 @@ def test_dropless_forward_and_gradients_match_per_token_reference(impl, K, kind)
 def test_dropless_forward_values_match_reference():
   x, W = _case(seed=5)
   experts, weights = routing("skewed", 2, seed=5)
-  y = jax.jit(lambda *a: dsp.dropless(*a[:3], dsp.ExpertWeights(*a[3:]), block=BLOCK))(
+  y = jax.jit(lambda *a: dsp.dropless(*a[:3], expert_weights(*a[3:]), block=BLOCK))(
     x, experts, weights, *W
   )
   np.testing.assert_allclose(y, reference(x, experts, weights, *W), rtol=1e-5, atol=1e-5)
