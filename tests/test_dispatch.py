@@ -97,7 +97,7 @@ def _check_grads(got, want, experts):
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-5)
   used = np.unique(experts)
-  for name, got_w, want_w in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
+  for name, got_w, want_w in zip(("gate", "up", "down"), dW, ref_dW):
     for e in range(want_w.shape[0]):
       err = np.linalg.norm(got_w[e] - want_w[e]) / max(np.linalg.norm(want_w[e]), 1e-12)
       assert err < 1e-4 if e in used else np.all(got_w[e] == 0), (name, e, err)

@@ -55,7 +55,7 @@ def test_forward_dx_dw_and_combine_weight_gradient_match_per_token_reference(K, 
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-4)
   used = np.unique(experts)
-  for name, got, want in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
+  for name, got, want in zip(("gate", "up", "down"), dW, ref_dW):
     for e in range(E):  # per expert: one wrong expert cannot hide under a global tolerance
       if e in used:
         err = np.linalg.norm(got[e] - want[e]) / np.linalg.norm(want[e])

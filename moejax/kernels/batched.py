@@ -2,9 +2,10 @@
 
 The capacity buffer is laid out [group, expert, slot] (`plans.capacity_plan`): N = groups·E
 blocks of C rows, block n holding expert n mod E. Reshaped to [groups, E, C, D], each
-projection is one einsum against the stacked expert weights [E, D, F], as in GShard's and
-MaxText's dense (capacity) MoE path: `gecd,edf->gecf` for gate and up (one einsum against
-the one [E, D, 2F] parameter), `gecf,efd->gecd` for down. Autodiff gives dx and dW as batched matmuls too. Rows
+projection is one einsum against the stacked expert weights, as in GShard's and MaxText's
+dense (capacity) MoE path: `gecd,edf->gecf` for gate and up (one einsum against the one
+[E, D, 2F] parameter), `gecf,efd->gecd` for down. Autodiff gives dx and dW as batched
+matmuls too. Rows
 of a dropped or empty slot are zeros and contribute zero. As in `fused`, each row's output is
 scaled by its combine weight before the K rows of a token are summed (`permute.gather_sum`),
 so the combine adds in the same order; its transpose is a gather (`permute.sum_rows`).

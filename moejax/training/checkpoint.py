@@ -149,7 +149,10 @@ def restore(
 
 def _restore_split(mngr: ocp.CheckpointManager, step: int, saved, target, data: bool):
   """(state, data state or None) of a split gate/up checkpoint, in `target`'s layout."""
-  split = split_layout.split_target(saved, target)
+  try:
+    split = split_layout.split_target(saved, target)
+  except UserError as e:
+    raise UserError(f"checkpoint {mngr.directory}/{step} does not match this config: {e}") from None
   if data:  # the trainer's restore: the whole state, with the handler its manager saves with
     items = {"state": ocp.args.StandardRestore(split), "data": ocp.args.JsonRestore()}
   else:

@@ -56,9 +56,8 @@ def split_target(saved, target) -> Any:
   """The restore target of a split-layout checkpoint: `saved`'s structure, each array a
   ShapeDtypeStruct with the dtype and sharding of its counterpart in `target` (the current
   layout's, `w_gate_up` for both halves), restricted to the subtrees `target` holds."""
-  leaves = {
-    tuple(_name(k) for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(target)
-  }
+  flat = jax.tree_util.tree_leaves_with_path(target)
+  leaves = {tuple(_name(k) for k in path): leaf for path, leaf in flat}
   prefixes = {p[:i] for p in leaves for i in range(len(p) + 1)}
 
   def walk(node, names: tuple[str, ...]):
@@ -73,7 +72,9 @@ def split_target(saved, target) -> Any:
       return [walk(v, (*names, str(i))) for i, v in enumerate(node)]
     if node is None:
       return None
-    want = leaves[_joined_path(names)]
+    want = leaves.get(_joined_path(names))
+    if want is None:
+      raise UserError(f"the checkpoint's {'.'.join(names)} has no counterpart in this config")
     return jax.ShapeDtypeStruct(tuple(node.shape), want.dtype, sharding=want.sharding)
 
   return walk(saved, ())
@@ -93,8 +94,9 @@ def join(tree):
     return [join(v) for v in tree]
   if not isinstance(tree, dict):
     return tree
-  out = {k: join(v) for k, v in tree.items() if not (k in (GATE, UP) and GATE in tree and UP in tree)}
-  if GATE in tree and UP in tree:
+  pair = GATE in tree and UP in tree
+  out = {k: join(v) for k, v in tree.items() if not (pair and k in (GATE, UP))}
+  if pair:
     out[JOINED] = jax.tree.map(lambda g, u: jnp.concatenate([g, u], -1), tree[GATE], tree[UP])
   return out
 
