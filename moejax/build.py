@@ -52,7 +52,7 @@ class ParamCount(NamedTuple):
 
 def param_names(keypath) -> tuple[str, ...]:
   """A parameter's key path inside an `nnx.State` as names, e.g. ('layers', '3', 'mlp',
-  'experts', 'w_up'), or scanned ('stacks', '1', 'blocks', '0', 'mlp', ...), without nnx's
+  'experts', 'w_down'), or scanned ('stacks', '1', 'blocks', '0', 'mlp', ...), without nnx's
   trailing 'value'."""
   names = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in keypath)
   return names[:-1] if names and names[-1] == "value" else names

@@ -49,8 +49,8 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(("data", "fsdp")))
 
 
-# The d_model axis of each stacked expert weight: w_gate, w_up [E, D, F]; w_down [E, F, D].
-EXPERT_D_AXIS = {"w_gate": 1, "w_up": 1, "w_down": 2}
+# The d_model axis of each stacked expert weight: w_gate_up [E, D, 2F]; w_down [E, F, D].
+EXPERT_D_AXIS = {"w_gate_up": 1, "w_down": 2}
 
 
 def _expert_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_dispatch import _check_grads, _naive_grads, make_case, naive_moe
+from expert_weights import expert_weights
 
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
@@ -37,7 +38,7 @@ def _grad_fn(impl: str, policy: str, K: int, group: int, factor: float, random_s
     order = plans.drop_order(policy, experts, r, scores, group)
     keep = plans.random_second_expert(r, rng) if random_second else None
     y, kept = dsp.capacity_dispatch(
-      x, experts, r, dsp.ExpertWeights(*W), cap=cap, group_size=group, order=order,
+      x, experts, r, expert_weights(*W), cap=cap, group_size=group, order=order,
       keep_TxK=keep, impl=impl,
     )  # fmt: skip
     return jnp.sum(g * y), (y, kept)
@@ -105,7 +106,7 @@ def test_bf16_in_bf16_out():
   order = plans.drop_order("position", experts, weights, None, group)
   y, kept = jax.jit(
     lambda x, W: dsp.capacity_dispatch(
-      x, experts, weights, dsp.ExpertWeights(*W), cap=cap, group_size=group, order=order,
+      x, experts, weights, expert_weights(*W), cap=cap, group_size=group, order=order,
       impl="batched",
     )
   )(bf(x), tuple(map(bf, W)))  # fmt: skip

@@ -142,7 +142,7 @@ def test_an_unknown_parameter_path_is_an_error():
     describe.group_of(("layers", "0", "mystery", "kernel"))
   with pytest.raises(ValueError, match="no worksheet group"):
     describe.group_of(("stacks", "1", "blocks", "0", "mystery", "kernel"))
-  assert describe.group_of(("stacks", "1", "blocks", "0", "mlp", "experts", "w_up")) == (
+  assert describe.group_of(("stacks", "1", "blocks", "0", "mlp", "experts", "w_gate_up")) == (
     "routed_experts"
   )
 

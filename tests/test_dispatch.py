@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from expert_weights import expert_weights
 
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
@@ -48,7 +49,7 @@ def make_case(T, E, K, seed=0, skew=False):
 
 @functools.cache
 def _dropless_fn(impl, block):
-  f = lambda x, e, w, W: dsp.dropless(x, e, w, dsp.ExpertWeights(*W), impl=impl, block=block)
+  f = lambda x, e, w, W: dsp.dropless(x, e, w, expert_weights(*W), impl=impl, block=block)
   return jax.jit(f)
 
 
@@ -95,7 +96,7 @@ def _check_grads(got, want, experts):
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-5)
   used = np.unique(experts)
-  for name, got_w, want_w in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
+  for name, got_w, want_w in zip(("gate", "up", "down"), dW, ref_dW):
     for e in range(want_w.shape[0]):
       err = np.linalg.norm(got_w[e] - want_w[e]) / max(np.linalg.norm(want_w[e]), 1e-12)
       assert err < 1e-4 if e in used else np.all(got_w[e] == 0), (name, e, err)
@@ -109,7 +110,7 @@ def test_dropless_gradients_per_expert(impl, block):
   x, experts, weights, W = make_case(40, E, K, seed=3, skew=True)
   g = np.random.default_rng(9).normal(size=x.shape).astype(np.float32)
   loss = lambda x, W, r: jnp.sum(
-    g * dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl=impl, block=block)
+    g * dsp.dropless(x, experts, r, expert_weights(*W), impl=impl, block=block)
   )
   got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, W, weights)
   _check_grads(got, _naive_grads(x, experts, weights, W, g), experts)
@@ -125,7 +126,7 @@ def test_capacity_gradients_match_naive_loop_on_kept_assignments(impl):
 
   def loss(x, W, r):
     y, kept = dsp.capacity_dispatch(
-      x, experts, r, dsp.ExpertWeights(*W), cap=cap, group_size=group, order=order, impl=impl
+      x, experts, r, expert_weights(*W), cap=cap, group_size=group, order=order, impl=impl
     )
     return jnp.sum(g * y), kept
 
@@ -230,7 +231,7 @@ def test_capacity_keeps_exactly_the_reference_assignments(policy, group_size):
     x,
     experts,
     weights,
-    dsp.ExpertWeights(*W),
+    expert_weights(*W),
     cap=cap,
     group_size=group_size,
     order=order,
@@ -251,7 +252,7 @@ def test_large_capacity_equals_dropless():
     x,
     experts,
     weights,
-    dsp.ExpertWeights(*W),
+    expert_weights(*W),
     cap=cap,
     group_size=T,
     order=plans.drop_order("position", experts, weights, jnp.zeros((T, E)), T),

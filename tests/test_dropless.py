@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from expert_weights import expert_weights
 
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
@@ -31,7 +32,7 @@ def _loss(fn, g_TxD):
 @functools.cache
 def _grad_fns(impl, K):
   g_TxD = jnp.asarray(np.random.default_rng(7).normal(size=(T, D)), jnp.float32)
-  ours = lambda x, e, r, *W: dsp.dropless(x, e, r, dsp.ExpertWeights(*W), impl=impl, block=BLOCK)
+  ours = lambda x, e, r, *W: dsp.dropless(x, e, r, expert_weights(*W), impl=impl, block=BLOCK)
   grad = lambda fn: jax.jit(jax.value_and_grad(_loss(fn, g_TxD), argnums=(0, 1, 3)))
   return grad(ours), grad(reference)
 
@@ -90,7 +91,7 @@ def test_dropless_forward_and_gradients_match_per_token_reference(impl, K, kind)
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-4)
   used = np.unique(experts)
-  for name, got, want in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
+  for name, got, want in zip(("gate", "up", "down"), dW, ref_dW):
     for e in range(E):  # per expert, so one wrong expert cannot hide under a global tolerance
       if e in used:
         err = np.linalg.norm(got[e] - want[e]) / np.linalg.norm(want[e])
@@ -102,7 +103,7 @@ def test_dropless_forward_and_gradients_match_per_token_reference(impl, K, kind)
 def test_dropless_forward_values_match_reference():
   x, W = _case(seed=5)
   experts, weights = routing("skewed", 2, seed=5)
-  y = jax.jit(lambda *a: dsp.dropless(*a[:3], dsp.ExpertWeights(*a[3:]), block=BLOCK))(
+  y = jax.jit(lambda *a: dsp.dropless(*a[:3], expert_weights(*a[3:]), block=BLOCK))(
     x, experts, weights, *W
   )
   np.testing.assert_allclose(y, reference(x, experts, weights, *W), rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -227,9 +228,49 @@ def test_import_stacks_the_layers_it_fills(imported):
   assert sorted(flat, key=str) == sorted(params[unrolled], key=str)
   for path, a in params[unrolled].items():
     np.testing.assert_array_equal(flat[path], a, err_msg=str(path))
-  up_FxD = load_file(src / "model.safetensors")["model.layers.1.mlp.experts.3.up_proj.weight"]
-  w_up_RxExDxF = params[scanned][("stacks", 0, "blocks", 0, "mlp", "experts", "w_up")]
-  np.testing.assert_array_equal(w_up_RxExDxF[1, 3], up_FxD.T)  # layer 1 is row 1, expert 3
+  hf = load_file(src / "model.safetensors")
+  gate_FxD, up_FxD = (hf[f"model.layers.1.mlp.experts.3.{n}_proj.weight"] for n in ("gate", "up"))
+  w_gu_RxExDx2F = params[scanned][("stacks", 0, "blocks", 0, "mlp", "experts", "w_gate_up")]
+  F = mc[scanned].moe.d_expert
+  assert w_gu_RxExDx2F.shape[-1] == 2 * F == 2 * up_FxD.shape[0]
+  np.testing.assert_array_equal(w_gu_RxExDx2F[1, 3, :, :F], gate_FxD.T)  # layer 1 = row 1
+  np.testing.assert_array_equal(w_gu_RxExDx2F[1, 3, :, F:], up_FxD.T)  # expert 3, up half
+
+
+@FULL  # an import of its own (~15 s); the per-expert layout's halves are checked by default
+def test_import_reads_the_fused_expert_layout(imported, tmp_path):
+  """transformers 5's fused layout (`experts.gate_up_proj [E, 2F, D]`: each expert's gate
+  rows, then its up rows; `experts.down_proj [E, D, F]`), written here from the per-expert
+  tensors, imports to the same arrays as they do."""
+  _, run, _, src = imported["olmoe", True]
+  fused = tmp_path / "fused"
+  fused.mkdir()
+  for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    (fused / name).write_bytes((src / name).read_bytes())
+  hf = load_file(src / "model.safetensors")
+  per_expert = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)_proj\.weight")
+  out, experts = {}, {}
+  for name, t in hf.items():
+    m = per_expert.fullmatch(name)
+    if m is None:
+      out[name] = t
+    else:
+      experts.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = t
+  for prefix, w in experts.items():
+    stacked = {n: np.stack([w[n][e] for e in sorted(w[n])]) for n in w}
+    out[f"{prefix}.gate_up_proj"] = np.concatenate([stacked["gate"], stacked["up"]], axis=1)
+    out[f"{prefix}.down_proj"] = stacked["down"]
+  save_file(out, fused / "model.safetensors")
+  saved = json.loads((run / "config.json").read_text())
+  opts = {"text": str(imported.text), "text_docs": "paragraph", "seq_len": 16, "sequences": 8,
+          "batch_size": 4, "holdout_fraction": 0.3, "progress": False, "scan_layers": True}  # fmt: skip
+  import_checkpoint(str(fused), str(tmp_path / "run"), opts, log=lambda *_: None)
+  mc = workdir_lib.from_saved(saved).with_vocab(V).model
+  want = runstate.restore_params(str(run), runstate.abstract(mc)[1])
+  got = runstate.restore_params(str(tmp_path / "run"), runstate.abstract(mc)[1])
+  assert got.keys() == want.keys()
+  for path, a in want.items():
+    np.testing.assert_array_equal(got[path], a, err_msg=str(path))
 
 
 def test_export_native_run(tmp_path, tokens):

@@ -111,7 +111,7 @@ def test_full_remat_lowers_compiled_temporaries(scan):
 EMBED = 256 * 64  # [V, D], axis 0 over fsdp
 ATTN = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64  # q, k, v, o kernels [D, ·] / [H·K, D]
 ROUTER = 64 * 16  # [D, E]
-EXPERTS = 3 * 16 * 64 * 32  # w_gate, w_up [E, D, F]; w_down [E, F, D]
+EXPERTS = 3 * 16 * 64 * 32  # w_gate_up [E, D, 2F]; w_down [E, F, D]
 VECTORS = 2 * 2 * 64 + 64  # attn_norm, mlp_norm per layer; final_norm (replicated)
 BIASES = 2 * 16  # router selection bias per layer (router state, replicated)
 SCALARS = 3  # int32 step, Adam count, schedule count
@@ -184,10 +184,10 @@ def test_expert_specs(scan):
   }
   layer = (None,) if scan else ()  # a stack's layer axis: never sharded
   experts = f"['params']{EXPERTS_AT[scan]}"
-  assert tuple(specs[f"{experts}['w_gate'].value"]) == (*layer, "expert", "fsdp", None)
+  assert tuple(specs[f"{experts}['w_gate_up'].value"]) == (*layer, "expert", "fsdp", None)
   assert tuple(specs[f"{experts}['w_down'].value"]) == (*layer, "expert", None, "fsdp")
   mu = f"['opt_state'][1][0].mu{EXPERTS_AT[scan]}"
-  assert tuple(specs[f"{mu}['w_up'].value"]) == (*layer, "expert", "fsdp", None)
+  assert tuple(specs[f"{mu}['w_gate_up'].value"]) == (*layer, "expert", "fsdp", None)
 
 
 # --------------------------------------------------------------------- config keys

@@ -111,7 +111,8 @@ def test_rmsnorm_and_ffn():
     np.asarray(y, np.float32), np_rms(np.asarray(x, np.float32), 1.0, 1e-6), rtol=1e-2
   )
   ffn = DenseFFN(8, 12, dtype="bfloat16", rngs=nnx.Rngs(0))
-  assert ffn.w_gate[...].dtype == jnp.float32 and ffn.w_down[...].shape == (12, 8)
+  assert ffn.w_gate_up[...].dtype == jnp.float32 and ffn.w_gate_up[...].shape == (8, 24)
+  assert ffn.w_down[...].shape == (12, 8)
   assert ffn(x).dtype == jnp.bfloat16
 
 
@@ -142,8 +143,7 @@ def _block_shapes(prefix: str, lead: tuple[int, ...]) -> dict[str, tuple[int, ..
     "attn.o_proj.kernel": (32, 16),
     "attn.q_norm.scale": (8,),
     "attn.k_norm.scale": (8,),
-    "mlp.w_gate": (16, 24),
-    "mlp.w_up": (16, 24),
+    "mlp.w_gate_up": (16, 48),
     "mlp.w_down": (24, 16),
   }
   return {prefix + k: lead + v for k, v in one.items()}
@@ -266,7 +266,7 @@ def test_moe_layer_types_and_params():
   assert types_ == [DenseFFN, MoEBlock, DenseFFN, MoEBlock]
   shapes = param_shapes(model)
   assert shapes["layers.1.mlp.router.kernel"] == (16, 4)
-  assert shapes["layers.1.mlp.experts.w_gate"] == (4, 16, 8)
+  assert shapes["layers.1.mlp.experts.w_gate_up"] == (4, 16, 16)
   assert "layers.0.mlp.router.kernel" not in shapes
 
 
@@ -278,8 +278,8 @@ def test_scanned_moe_layer_types_and_params():
   assert types_ == [[DenseFFN], [MoEBlock, DenseFFN], [MoEBlock]]
   shapes = param_shapes(model)
   assert shapes["stacks.1.blocks.0.mlp.router.kernel"] == (1, 16, 4)
-  assert shapes["stacks.2.blocks.0.mlp.experts.w_gate"] == (1, 4, 16, 8)
-  assert shapes["stacks.0.blocks.0.mlp.w_up"] == (1, 16, 24)
+  assert shapes["stacks.2.blocks.0.mlp.experts.w_gate_up"] == (1, 4, 16, 16)
+  assert shapes["stacks.0.blocks.0.mlp.w_gate_up"] == (1, 16, 48)
 
 
 def test_moe_forward_and_router_grad():

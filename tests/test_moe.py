@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from moejax.nn import balance, losses
+from moejax.nn.layers import init_normal
 from moejax.nn.moe import Diagnostics, MoEBlock, MoEConfig, RouterBias, RouterOut
 from moejax.nn.overrides import Overrides
 
@@ -71,7 +72,7 @@ def make_block(rule: str, d_shared: int = FS, seed: int = 0, **kw) -> MoEBlock:
     var[...] = jnp.asarray(rng.normal(scale=std, size=var[...].shape).astype(np.float32))
 
   reset(block.router.kernel, 0.5)
-  for name in ("w_gate", "w_up", "w_down"):
+  for name in ("w_gate_up", "w_down"):
     reset(getattr(block.experts, name), 0.4)
     if d_shared > 0:
       reset(getattr(block.shared, name), 0.4)
@@ -98,7 +99,8 @@ def ref_block(
   k = Kt if k is None else k
   x2 = np.asarray(x, np.float64).reshape(-1, D)
   Wr = _np(block.router.kernel)
-  wg, wu, wd = (_np(getattr(block.experts, n)) for n in ("w_gate", "w_up", "w_down"))
+  wgu, wd = _np(block.experts.w_gate_up), _np(block.experts.w_down)
+  wg, wu = wgu[..., :F], wgu[..., F:]  # gate in columns [0, F), up in [F, 2F)
   has_shared = block.cfg.d_shared > 0
   y = np.zeros_like(x2)
   routed = np.zeros_like(x2)
@@ -133,9 +135,8 @@ def ref_block(
     coefs.append(c)
     y[t] = routed[t]
     if has_shared and c != 0.0:
-      y[t] += c * _swiglu(
-        x2[t], *(_np(getattr(block.shared, n)) for n in ("w_gate", "w_up", "w_down"))
-      )
+      sgu, fs = _np(block.shared.w_gate_up), block.cfg.d_shared
+      y[t] += c * _swiglu(x2[t], sgu[:, :fs], sgu[:, fs:], _np(block.shared.w_down))
   n = x2.shape[0]
   f = loads / loads.sum()
   aux = {
@@ -175,14 +176,11 @@ def test_param_tree_names_and_shapes(rule, d_shared):
   want = {
     "router.kernel": (D, E),
     "router.bias": (E,),
-    "experts.w_gate": (E, D, F),
-    "experts.w_up": (E, D, F),
+    "experts.w_gate_up": (E, D, 2 * F),
     "experts.w_down": (E, F, D),
   }
   if d_shared > 0:
-    want.update(
-      {"shared.w_gate": (D, d_shared), "shared.w_up": (D, d_shared), "shared.w_down": (d_shared, D)}
-    )
+    want.update({"shared.w_gate_up": (D, 2 * d_shared), "shared.w_down": (d_shared, D)})
     if rule == "qwen2_moe":  # the only rule here whose shared is "sigmoid"
       want["shared_gate.kernel"] = (D, 1)
   flat = _flat(nnx.state(block))
@@ -195,7 +193,7 @@ def test_param_tree_names_and_shapes(rule, d_shared):
   params = _flat(nnx.state(block, nnx.Param))
   assert "router.bias" not in params
   assert set(params) == set(want) - {"router.bias"}
-  for p in ("experts.w_gate", "experts.w_up", "experts.w_down"):
+  for p in ("experts.w_gate_up", "experts.w_down"):
     assert flat[p][...].dtype == jnp.float32
 
 
@@ -366,8 +364,29 @@ def test_expert_init_std():
   # layers.init_normal is a normal truncated at ±2σ: its std is σ·sqrt(1 − 4φ(2)/(2Φ(2) − 1)).
   phi2 = np.exp(-2.0) / np.sqrt(2 * np.pi)
   shrink = np.sqrt(1 - 4 * phi2 / 0.9544997361)
-  for name in ("w_gate", "w_up", "w_down"):
-    assert abs(_np(getattr(block.experts, name)).std() / (0.5 * shrink) - 1) < 0.03, name
+  wgu = _np(block.experts.w_gate_up)
+  halves = {"gate": wgu[..., :64], "up": wgu[..., 64:], "down": _np(block.experts.w_down)}
+  for name, w in halves.items():
+    assert abs(w.std() / (0.5 * shrink) - 1) < 0.03, name
   assert abs(_np(block.router.kernel).std() / (0.02 * shrink) - 1) < 0.15
   default = MoEBlock(dataclasses.replace(cfg, expert_init_std=0.0), rngs=nnx.Rngs(0))
-  assert abs(_np(default.experts.w_up).std() / (0.02 * shrink) - 1) < 0.03
+  assert abs(_np(default.experts.w_gate_up)[..., 64:].std() / (0.02 * shrink) - 1) < 0.03
+
+
+def test_gate_up_init_draws_gate_then_up_as_two_parameters():
+  """A seed gives the numbers of the two-parameter layout: router, then gate, up and down
+  each drawn from the next `params` key (the draws written out here, one per array)."""
+  cfg = MoEConfig(d_model=D, n_experts=E, top_k=K, d_expert=F, d_shared=FS, rule="qwen2_moe")
+  block = MoEBlock(cfg, rngs=nnx.Rngs(3))
+  rngs, std = nnx.Rngs(3), cfg.init_std
+  draws = [
+    init_normal(std)(rngs.params(), shape, jnp.float32)
+    for shape in [(D, E), (E, D, F), (E, D, F), (E, F, D), (D, FS), (D, FS), (FS, D)]
+  ]
+  router, gate, up, down, s_gate, s_up, s_down = (np.asarray(d) for d in draws)
+  np.testing.assert_array_equal(np.asarray(block.router.kernel[...]), router)
+  np.testing.assert_array_equal(np.asarray(block.experts.w_gate_up[...])[..., :F], gate)
+  np.testing.assert_array_equal(np.asarray(block.experts.w_gate_up[...])[..., F:], up)
+  np.testing.assert_array_equal(np.asarray(block.experts.w_down[...]), down)
+  np.testing.assert_array_equal(np.asarray(block.shared.w_gate_up[...]), np.hstack([s_gate, s_up]))
+  np.testing.assert_array_equal(np.asarray(block.shared.w_down[...]), s_down)

@@ -53,7 +53,8 @@ def _silu(a):
 
 def numpy_loop(x, experts, weights, W, kept=None):
   """y[t] = Σ_k r_tk · SwiGLU_{e_tk}(x[t]) over kept assignments, in float64."""
-  wg, wu, wd = (np.asarray(w, np.float64) for w in W)
+  wgu, wd = (np.asarray(w, np.float64) for w in W)
+  wg, wu = wgu[..., :F], wgu[..., F:]  # gate in columns [0, F), up in [F, 2F)
   x = np.asarray(x, np.float64)
   y = np.zeros_like(x)
   for t in range(x.shape[0]):
@@ -71,9 +72,9 @@ def dense_reference(x, experts, weights, W, kept):
   E = W[0].shape[0]
   c_TxE = jnp.einsum("tk,tke->te", weights * kept, jax.nn.one_hot(experts, E, dtype=x.dtype))
   hi = jax.lax.Precision.HIGHEST
-  g = jnp.einsum("td,edf->etf", x, W[0], precision=hi)
-  u = jnp.einsum("td,edf->etf", x, W[1], precision=hi)
-  y_ExTxD = jnp.einsum("etf,efd->etd", jax.nn.silu(g) * u, W[2], precision=hi)
+  g = jnp.einsum("td,edf->etf", x, W.w_gate_up_ExDx2F[..., :F], precision=hi)
+  u = jnp.einsum("td,edf->etf", x, W.w_gate_up_ExDx2F[..., F:], precision=hi)
+  y_ExTxD = jnp.einsum("etf,efd->etd", jax.nn.silu(g) * u, W.w_down_ExFxD, precision=hi)
   return jnp.einsum("te,etd->td", c_TxE, y_ExTxD, precision=hi)
 
 
@@ -96,7 +97,7 @@ def make_case(name, dtype=jnp.float32, seed=0):
   r = np.random.default_rng(seed)
   x = jnp.asarray(r.normal(size=(T, D)), dtype)
   W = ExpertWeights(
-    *(jnp.asarray(r.normal(size=s) * 0.3, dtype) for s in [(E, D, F), (E, D, F), (E, F, D)])
+    *(jnp.asarray(r.normal(size=s) * 0.3, dtype) for s in [(E, D, 2 * F), (E, F, D)])
   )
   experts = jnp.asarray(pick(r, T, E, K), jnp.int32)
   weights = jnp.asarray(r.uniform(0.1, 1.0, size=(T, K)), jnp.float32)

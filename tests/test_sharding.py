@@ -263,8 +263,8 @@ def test_a_stacks_layer_axis_is_never_sharded():
   scanned = _param_specs(c)
   c.model.scan_layers = False
   unrolled = _param_specs(c)
-  w_gate = ("stacks", "1", "blocks", "0", "mlp", "experts", "w_gate")
-  assert tuple(scanned[w_gate]) == (None, "expert", "fsdp", None)
+  w_gate_up = ("stacks", "1", "blocks", "0", "mlp", "experts", "w_gate_up")
+  assert tuple(scanned[w_gate_up]) == (None, "expert", "fsdp", None)
   assert tuple(scanned[("stacks", "1", "blocks", "0", "attn", "q_proj", "kernel")])[:2] == (
     None,
     "fsdp",

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from expert_weights import expert_weights
 from failure_helpers import results_on_host_devices
 from requires import needs_tokamax, tokamax_kernels
 from test_dispatch import _check_grads, _naive_grads, naive_moe
@@ -57,7 +58,7 @@ def test_forward_dx_dw_and_combine_weight_gradient_match_per_token_reference(K, 
   np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(dr, ref_dr, rtol=1e-4, atol=1e-4)
   used = np.unique(experts)
-  for name, got, want in zip(("w_gate", "w_up", "w_down"), dW, ref_dW):
+  for name, got, want in zip(("gate", "up", "down"), dW, ref_dW):
     for e in range(E):  # per expert: one wrong expert cannot hide under a global tolerance
       if e in used:
         err = np.linalg.norm(got[e] - want[e]) / np.linalg.norm(want[e])
@@ -78,7 +79,7 @@ def test_rows_outside_every_group_contribute_nothing():
   g = np.random.default_rng(5).normal(size=x.shape).astype(np.float32)
 
   def loss(x, W, r):
-    y = dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl="tokamax", used_TxK=used)
+    y = dsp.dropless(x, experts, r, expert_weights(*W), impl="tokamax", used_TxK=used)
     return jnp.sum(g * y), y
 
   grads, y = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(x, W, w_used)
@@ -92,7 +93,7 @@ def test_bf16_inputs_give_bf16_output_near_the_f32_reference():
   experts, weights = routing("random", 2, seed=4)
   bf = lambda a: jnp.asarray(a, jnp.bfloat16)
   y = jax.jit(
-    lambda x, W: dsp.dropless(x, experts, weights, dsp.ExpertWeights(*W), impl="tokamax")
+    lambda x, W: dsp.dropless(x, experts, weights, expert_weights(*W), impl="tokamax")
   )(bf(x), tuple(map(bf, W)))
   assert y.dtype == jnp.bfloat16
   want = naive_moe(x, experts, weights, W)
@@ -119,7 +120,7 @@ def test_cuda_branch_lowers_to_triton_kernels_from_a_cpu_host():
   experts, weights = routing("random", 2)
 
   def loss(x, W, r):
-    return jnp.sum(dsp.dropless(x, experts, r, dsp.ExpertWeights(*W), impl="tokamax") ** 2)
+    return jnp.sum(dsp.dropless(x, experts, r, expert_weights(*W), impl="tokamax") ** 2)
 
   fn = jax.grad(loss, argnums=(0, 1, 2))
   cuda = _lowered_text(fn, x, W, weights, platform="cuda")
@@ -162,7 +163,7 @@ logits = r.normal(size=(T, E)); logits[:64, 1] += 9.0  # one device's tokens all
 e = jnp.asarray(np.argsort(-logits, -1)[:, :K], jnp.int32)
 w = jnp.asarray(r.uniform(0.1, 1, size=(T, K)), jnp.float32)
 W = dsp.ExpertWeights(*(jnp.asarray(r.normal(size=s) * 0.3, jnp.float32)
-                        for s in [(E, D, F), (E, D, F), (E, F, D)]))
+                        for s in [(E, D, 2 * F), (E, F, D)]))
 def loss(x, w, W):
   return jnp.sum(dsp.dropless(x, e, w, W, impl="tokamax") ** 2)
 f = jax.value_and_grad(loss, argnums=(0, 1, 2))
@@ -230,7 +231,7 @@ def test_new_kernels_compile_for_an_h100_without_a_while_loop(h100):
   def moe(impl, mode):
     def loss(x, wg, wu, wd, e):
       w = jnp.full(e.shape, 0.5, jnp.float32)
-      ex = dsp.ExpertWeights(wg, wu, wd)
+      ex = expert_weights(wg, wu, wd)
       if mode == "dropless":
         y = dsp.dropless(x, e, w, ex, impl=impl)
       else:

@@ -321,6 +321,60 @@ def test_bias_is_checkpointed_and_restored(resume_runs, base):
   )
 
 
+def _split_gate_up(tree):
+  """The split layout of a saved tree (dicts and lists, as orbax restores it without a
+  target): each `w_gate_up [..., 2F]` written as `w_gate` [..., :F] and `w_up` [..., F:],
+  as the code before the joined parameter saved params and AdamW moments."""
+  if isinstance(tree, list):
+    return [_split_gate_up(v) for v in tree]
+  if not isinstance(tree, dict):
+    return tree
+  out = {k: _split_gate_up(v) for k, v in tree.items() if k != "w_gate_up"}
+  if "w_gate_up" in tree:
+    half = lambda a, i: np.split(np.asarray(a), 2, axis=-1)[i]  # noqa: E731
+    out["w_gate"] = jax.tree.map(lambda a: half(a, 0), tree["w_gate_up"])
+    out["w_up"] = jax.tree.map(lambda a: half(a, 1), tree["w_gate_up"])
+  return out
+
+
+def test_a_split_gate_up_checkpoint_is_converted_and_resumes_bitwise(resume_runs, base, tmp_path):
+  """A checkpoint of the old layout (w_gate, w_up, and their moments) is converted on
+  restore: the params read by evaluation/export equal the joined checkpoint's, and the run
+  resumed from it ends on the uninterrupted run's state, bitwise."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  from moejax.hf import runstate  # pylint: disable=import-outside-toplevel
+  from moejax.training import split_layout  # pylint: disable=import-outside-toplevel
+
+  old = str(tmp_path / "old")
+  shutil.copytree(resume_runs["at_n"], old)
+  mngr = checkpoint.manager(old)
+  args = ocp.args.Composite(state=ocp.args.StandardRestore(), data=ocp.args.JsonRestore())
+  raw = mngr.restore(N, args=args)
+  mngr.close()
+  shutil.rmtree(os.path.join(old, "checkpoints", str(N)))
+  mngr = checkpoint.manager(old)
+  checkpoint.save(mngr, N, _split_gate_up(raw.state), raw.data)
+  mngr.close()
+  saved = split_layout.saved_tree(checkpoint.manager(old), N)
+  experts = saved["params"]["stacks"]["0"]["blocks"]["0"]["mlp"]["experts"]
+  assert "w_gate_up" not in experts and experts["w_up"]["value"].shape[-1] == 32  # d_expert
+  assert "w_up" in saved["opt_state"][1][0]["mu"]["stacks"]["0"]["blocks"]["0"]["mlp"]["shared"]
+  run = base[0]
+  mc = run.config.model
+  params = runstate.abstract(mc)[1]
+  at_n = runstate.restore_params(resume_runs["at_n"], params)
+  assert runstate.restore_params(old, params).keys() == at_n.keys()
+  for path, a in runstate.restore_params(old, params).items():
+    np.testing.assert_array_equal(a, at_n[path], err_msg=str(path))
+  trainer.train(resume_runs["config"], old, **QUIET)
+  _, state_a, data_a = restore(old, run.state)
+  _, state_b, data_b = restore(resume_runs["whole"], run.state)
+  for name in ("params", "opt_state", "router"):
+    assert_trees_equal(state_a[name], state_b[name], name)
+  assert data_a == data_b
+
+
 # ---------------------------------------------------------------- divergence
 
 STEP_IN_MESSAGE = re.compile(r"at step (\d+)")

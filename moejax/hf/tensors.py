@@ -1,10 +1,13 @@
 """The tensor-name map between an HF MoE state dict and moejax's parameter tree.
 
 HF `nn.Linear` weights are [out, in]; moejax kernels are [in, out], so most tensors are
-transposed. Routed experts are one HF tensor per expert (`experts.{e}.gate_proj.weight`)
-and one stacked moejax array (`experts.w_gate [E, d_model, d_expert]`); transformers 5's
-fused in-memory layout (`experts.gate_up_proj [E, 2F, D]`, `experts.down_proj [E, D, F]`)
-is read too.
+transposed. moejax holds a SwiGLU's gate and up as one array `w_gate_up [..., d_model, 2F]`
+(gate in columns [0, F), up in [F, 2F)); each HF `gate_proj` / `up_proj` tensor is one half
+of it (`Spec.cols`), so gate and up are split or joined here, at the boundary, and nowhere
+else. Routed experts are one HF tensor per expert (`experts.{e}.gate_proj.weight`) and one
+stacked moejax array (`experts.w_gate_up [E, d_model, 2·d_expert]`); transformers 5's fused
+in-memory layout (`experts.gate_up_proj [E, 2F, D]`, `experts.down_proj [E, D, F]`) is read
+too, `gate_up_proj` as the whole of `w_gate_up`.
 
 With `model.scan_layers` a layer's arrays are rows of its segment's stacks
 (`moejax.nn.stack`): a `Spec` names the stacked array and the layer's row in it, so import
@@ -25,30 +28,32 @@ Path = tuple  # a moejax parameter path, e.g. ("layers", 0, "attn", "q_proj", "k
 
 
 class Spec(NamedTuple):
-  """One HF tensor (or a row block of one) ↔ one moejax array or one expert's slice."""
+  """One HF tensor ↔ one moejax array, or a layer row, expert slice or gate/up half of one."""
 
   hf: str
   path: Path
   index: int | None = None  # expert index into a stacked [E, ...] array
   transpose: bool = False  # swap the last two axes
-  rows: tuple[int, int] | None = None  # HF rows [a, b) along axis -2 (fused gate_up)
   layer_row: int | None = None  # the layer's row in a scanned stack [R, ...]
+  cols: tuple[int, int] | None = None  # moejax columns [a, b) of the last axis (gate or up)
 
   def view(self, arrays: dict[Path, np.ndarray]) -> np.ndarray:
-    """The array, layer row or expert slice of `arrays` this tensor is: a view, not a copy."""
+    """The array, layer row, expert slice or gate/up half of `arrays` this tensor is: a view,
+    not a copy."""
     a = arrays[self.path]
     a = a if self.layer_row is None else a[self.layer_row]
-    return a if self.index is None else a[self.index]
+    a = a if self.index is None else a[self.index]
+    return a if self.cols is None else a[..., self.cols[0] : self.cols[1]]
 
   def where(self) -> str:
     """The moejax side for messages: 'stacks.1.blocks.0.mlp.router.kernel[row 2]'."""
     row = "" if self.layer_row is None else f"[row {self.layer_row}]"
-    return ".".join(map(str, self.path)) + row
+    cols = "" if self.cols is None else f"[..., {self.cols[0]}:{self.cols[1]}]"
+    return ".".join(map(str, self.path)) + row + cols
 
   def to_moejax(self, hf_array: np.ndarray) -> np.ndarray:
     """The HF tensor as the moejax array (or expert slice) it fills."""
-    a = hf_array if self.rows is None else hf_array[..., self.rows[0] : self.rows[1], :]
-    return np.swapaxes(a, -1, -2) if self.transpose else a
+    return np.swapaxes(hf_array, -1, -2) if self.transpose else hf_array
 
   def to_hf(self, params: dict[Path, np.ndarray]) -> np.ndarray:
     """The HF tensor from moejax's arrays, either layout (legacy per-expert HF layout only)."""
@@ -66,9 +71,14 @@ def _attention(mc: ModelConfig, i: int) -> list[Spec]:
   return out
 
 
-def _ffn(prefix: str, path: Path, names: tuple[str, str, str], index: int | None = None):
-  w = ("w_gate", "w_up", "w_down")
-  return [Spec(f"{prefix}{n}.weight", (*path, m), index, True) for n, m in zip(names, w)]
+def _ffn(prefix: str, path: Path, names: tuple[str, str, str], F: int, index: int | None = None):
+  """A SwiGLU of hidden width F: HF gate and up are the halves of `w_gate_up`."""
+  (gate, up, down), w_gu = names, (*path, "w_gate_up")
+  return [
+    Spec(f"{prefix}{gate}.weight", w_gu, index, True, cols=(0, F)),
+    Spec(f"{prefix}{up}.weight", w_gu, index, True, cols=(F, 2 * F)),
+    Spec(f"{prefix}{down}.weight", (*path, "w_down"), index, True),
+  ]
 
 
 def _moe(mc: ModelConfig, fam: Family, i: int, fused: bool) -> list[Spec]:
@@ -77,15 +87,15 @@ def _moe(mc: ModelConfig, fam: Family, i: int, fused: bool) -> list[Spec]:
   E, F = mc.moe.n_experts, mc.moe.d_expert
   if fused:
     out += [
-      Spec(f"{p}experts.gate_up_proj", (*q, "experts", "w_gate"), None, True, (0, F)),
-      Spec(f"{p}experts.gate_up_proj", (*q, "experts", "w_up"), None, True, (F, 2 * F)),
+      Spec(f"{p}experts.gate_up_proj", (*q, "experts", "w_gate_up"), None, True),
       Spec(f"{p}experts.down_proj", (*q, "experts", "w_down"), None, True),
     ]
   else:
     for e in range(E):
-      out += _ffn(f"{p}experts.{e}.", (*q, "experts"), fam.expert_names, e)
+      out += _ffn(f"{p}experts.{e}.", (*q, "experts"), fam.expert_names, F, e)
   if fam.shared:
-    out += _ffn(f"{p}shared_expert.", (*q, "shared"), ("gate_proj", "up_proj", "down_proj"))
+    names = ("gate_proj", "up_proj", "down_proj")
+    out += _ffn(f"{p}shared_expert.", (*q, "shared"), names, mc.moe.d_shared)
     out.append(Spec(f"{p}shared_expert_gate.weight", (*q, "shared_gate", "kernel"), None, True))
   return out
 
@@ -102,7 +112,8 @@ def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset
     if is_moe_layer(mc, i):
       out += _moe(mc, fam, i, i in fused_layers)
     else:
-      out += _ffn(f"{p}mlp.", ("layers", i, "mlp"), ("gate_proj", "up_proj", "down_proj"))
+      names = ("gate_proj", "up_proj", "down_proj")
+      out += _ffn(f"{p}mlp.", ("layers", i, "mlp"), names, mc.d_ff)
   out.append(Spec("model.norm.weight", ("final_norm", "scale")))
   if not mc.tie_embeddings:
     out.append(Spec("lm_head.weight", ("lm_head", "kernel"), None, True))

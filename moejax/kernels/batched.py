@@ -2,9 +2,10 @@
 
 The capacity buffer is laid out [group, expert, slot] (`plans.capacity_plan`): N = groups·E
 blocks of C rows, block n holding expert n mod E. Reshaped to [groups, E, C, D], each
-projection is one einsum against the stacked expert weights [E, D, F], as in GShard's and
-MaxText's dense (capacity) MoE path: `gecd,edf->gecf` for gate and up (one einsum against
-[E, D, 2F]), `gecf,efd->gecd` for down. Autodiff gives dx and dW as batched matmuls too. Rows
+projection is one einsum against the stacked expert weights, as in GShard's and MaxText's
+dense (capacity) MoE path: `gecd,edf->gecf` for gate and up (one einsum against the one
+[E, D, 2F] parameter), `gecf,efd->gecd` for down. Autodiff gives dx and dW as batched
+matmuls too. Rows
 of a dropped or empty slot are zeros and contribute zero. As in `fused`, each row's output is
 scaled by its combine weight before the K rows of a token are summed (`permute.gather_sum`),
 so the combine adds in the same order; its transpose is a gather (`permute.sum_rows`).
@@ -26,9 +27,8 @@ from moejax.kernels.permute import sum_rows, take_rows
 def swiglu(x_GxExCxD, ex: plans.ExpertWeights) -> jax.Array:
   """SwiGLU of each expert e on its rows [:, e], batched over groups and experts, in the
   compute dtype (as `fused`'s block matmuls; XLA's GPU and TPU GEMMs accumulate in f32)."""
-  F = ex.w_gate_ExDxF.shape[-1]
-  w_gu_ExDx2F = jnp.concatenate([ex.w_gate_ExDxF, ex.w_up_ExDxF], axis=-1)
-  gu_GxExCx2F = jnp.einsum("gecd,edf->gecf", x_GxExCxD, w_gu_ExDx2F)
+  F = ex.w_down_ExFxD.shape[1]
+  gu_GxExCx2F = jnp.einsum("gecd,edf->gecf", x_GxExCxD, ex.w_gate_up_ExDx2F)
   h_GxExCxF = jax.nn.silu(gu_GxExCx2F[..., :F]) * gu_GxExCx2F[..., F:]
   return jnp.einsum("gecf,efd->gecd", h_GxExCxF, ex.w_down_ExFxD)
 
@@ -36,7 +36,7 @@ def swiglu(x_GxExCxD, ex: plans.ExpertWeights) -> jax.Array:
 def run(a: plans.KernelArgs) -> jax.Array:
   """The capacity buffer ([group, expert, slot], `a.sizes == (C,)`) through batched SwiGLU."""
   T, K = a.weights_TxK.shape
-  (C,), E, D = a.sizes, a.ex.w_gate_ExDxF.shape[0], a.x_TxD.shape[1]
+  (C,), E, D = a.sizes, a.ex.w_gate_up_ExDx2F.shape[0], a.x_TxD.shape[1]
   x_RxD = plans.expand(a.x_TxD, a.plan, K)
   R = x_RxD.shape[0]
   y_RxD = swiglu(x_RxD.reshape(R // (E * C), E, C, D), a.ex).reshape(R, D)

@@ -19,31 +19,29 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from moejax.kernels import residuals
 from moejax.kernels.grouped import _backward, _forward
 from moejax.kernels.permute import float0_like, gather_sum, take_rows
 
 
-def _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
-  w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
+def _run(x_TxD, w_R, tok_R, row_TxK, w_gu, w_down, blocks, sizes):
   y_RxD, gu_Rx2F = _forward(x_TxD, w_gu, w_down, blocks, sizes, w_R, tok_R)
-  return gather_sum(y_RxD, row_TxK), (gu_Rx2F, w_gu)
+  return gather_sum(y_RxD, row_TxK), gu_Rx2F
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def gather_swiglu_combine(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def gather_swiglu_combine(x_TxD, w_R, tok_R, row_TxK, w_gu, w_down, blocks, sizes):
   """y[t] = Σ_k w[row(t,k)] · SwiGLU_{e(row)}(x[t]) over the rows covered by `blocks`.
 
   `tok_R`: each row's token (T for padding); `row_TxK`: each assignment's row (R if
   dropped); `w_R`: each row's combine weight. Each block's rows belong to one expert.
   """
-  return _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes)[0]
+  return _run(x_TxD, w_R, tok_R, row_TxK, w_gu, w_down, blocks, sizes)[0]
 
 
-def _fwd(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes):
-  y_TxD, (gu_Rx2F, w_gu) = _run(x_TxD, w_R, tok_R, row_TxK, w_gate, w_up, w_down, blocks, sizes)
+def _fwd(x_TxD, w_R, tok_R, row_TxK, w_gu, w_down, blocks, sizes):
+  y_TxD, gu_Rx2F = _run(x_TxD, w_R, tok_R, row_TxK, w_gu, w_down, blocks, sizes)
   return y_TxD, residuals.named((x_TxD, w_R, tok_R, row_TxK, gu_Rx2F, w_gu, w_down, blocks))
 
 
@@ -53,10 +51,9 @@ def _bwd(sizes, res, dy_TxD):
     x_TxD, dy_TxD, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R, tok_R
   )
   dx_TxD = gather_sum(dx_RxD, row_TxK)
-  dwg, dwu = (d.astype(w_gu.dtype) for d in jnp.split(dwgu, 2, axis=-1))
   ints = (float0_like(tok_R), float0_like(row_TxK))
   blocks0 = jax.tree.map(float0_like, blocks)
-  return (dx_TxD, dw_R, *ints, dwg, dwu, dwd.astype(w_down.dtype), blocks0)
+  return (dx_TxD, dw_R, *ints, dwgu.astype(w_gu.dtype), dwd.astype(w_down.dtype), blocks0)
 
 
 gather_swiglu_combine.defvjp(_fwd, _bwd)

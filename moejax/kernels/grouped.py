@@ -4,8 +4,9 @@ Rows arrive sorted by expert. Each expert's run is covered by blocks of a few st
 sizes (largest first), so most rows go through large matmuls and padding stays under one
 small block per expert. One loop per size, with a *dynamic* trip count, visits only the
 blocks in use: the static worst-case buffer costs memory, not FLOPs, and expert weights
-are sliced in place instead of gathered per block. `w_gate` and `w_up` are concatenated
-once per call, so each block does one [B, D] x [D, 2F] matmul for both. The backward pass
+are sliced in place instead of gathered per block. Gate and up are one parameter
+[E, D, 2F] (`plans.ExpertWeights`), so each block does one [B, D] x [D, 2F] matmul for both
+and the backward pass accumulates one [E, D, 2F] gradient. The backward pass
 is the same loops (custom VJP), accumulating weight gradients in place.
 """
 
@@ -74,16 +75,14 @@ def _forward(x, w_gu_ExDx2F, w_down_ExFxD, blocks, sizes, w_R=None, tok_R=None):
   return carry
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def grouped_swiglu(x_RxD, w_gate_ExDxF, w_up_ExDxF, w_down_ExFxD, blocks, sizes):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def grouped_swiglu(x_RxD, w_gate_up_ExDx2F, w_down_ExFxD, blocks, sizes):
   """y[r] = SwiGLU_{e(r)}(x[r]) on the rows covered by `blocks` (one Blocks per size in
   `sizes`); zeros elsewhere."""
-  w_gu = jnp.concatenate([w_gate_ExDxF, w_up_ExDxF], axis=-1)
-  return _forward(x_RxD, w_gu, w_down_ExFxD, blocks, sizes)[0]
+  return _forward(x_RxD, w_gate_up_ExDx2F, w_down_ExFxD, blocks, sizes)[0]
 
 
-def _fwd(x_RxD, w_gate, w_up, w_down, blocks, sizes):
-  w_gu = jnp.concatenate([w_gate, w_up], axis=-1)
+def _fwd(x_RxD, w_gu, w_down, blocks, sizes):
   y_RxD, gu_Rx2F = _forward(x_RxD, w_gu, w_down, blocks, sizes)
   return y_RxD, residuals.named((x_RxD, gu_Rx2F, w_gu, w_down, blocks))
 
@@ -134,8 +133,7 @@ def _backward(x, dy, gu_Rx2F, w_gu, w_down, blocks, sizes, w_R=None, tok_R=None)
 def _bwd(sizes, res, dy_RxD):
   x_RxD, gu_Rx2F, w_gu, w_down, blocks = res
   dx, _, dwgu, dwd = _backward(x_RxD, dy_RxD, gu_Rx2F, w_gu, w_down, blocks, sizes)
-  dwg, dwu = (d.astype(w_gu.dtype) for d in jnp.split(dwgu, 2, axis=-1))
-  return (dx, dwg, dwu, dwd.astype(w_down.dtype), jax.tree.map(float0_like, blocks))
+  return (dx, dwgu.astype(w_gu.dtype), dwd.astype(w_down.dtype), jax.tree.map(float0_like, blocks))
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)

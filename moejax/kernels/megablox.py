@@ -117,15 +117,14 @@ def swiglu(x_MxD, ex: plans.ExpertWeights, counts_E, tm: int, interpret: bool) -
   """Per-group SwiGLU on rows grouped by expert; M must divide by the m tile `tm`. Gate and
   up are one grouped matmul against [E, D, 2F] (as `fused` and `tokamax`): one kernel and
   one [M, 2F] output instead of two, and one dx and one dW call in the backward pass."""
-  F = ex.w_gate_ExDxF.shape[-1]
-  w_gu_ExDx2F = jnp.concatenate([ex.w_gate_ExDxF, ex.w_up_ExDxF], axis=-1)
-  gu_Mx2F = _gmm(x_MxD, w_gu_ExDx2F, counts_E, tm, interpret)
+  F = ex.w_down_ExFxD.shape[1]
+  gu_Mx2F = _gmm(x_MxD, ex.w_gate_up_ExDx2F, counts_E, tm, interpret)
   h_MxF = jax.nn.silu(gu_Mx2F[:, :F]) * gu_Mx2F[:, F:]
   return _gmm(h_MxF, ex.w_down_ExFxD, counts_E, tm, interpret)
 
 
 def _run(x_TxD, plan, counts_E, weights_TxK, ex, *, interpret: bool) -> jax.Array:
-  K, E = weights_TxK.shape[1], ex.w_gate_ExDxF.shape[0]
+  K, E = weights_TxK.shape[1], ex.w_gate_up_ExDx2F.shape[0]
   x_AxD = plans.expand(x_TxD, plan, K)
   A = x_AxD.shape[0]
   tm = m_tile(A, E)

@@ -23,10 +23,10 @@ DROP_POLICIES = ("position", "batch_priority", "weight")
 
 
 class ExpertWeights(NamedTuple):
-  """Stacked SwiGLU expert weights."""
+  """Stacked SwiGLU expert weights: gate and up as one array, gate in columns [0, F) and up
+  in [F, 2F), so the gate/up projection is one matmul and no kernel joins or splits them."""
 
-  w_gate_ExDxF: jax.Array
-  w_up_ExDxF: jax.Array
+  w_gate_up_ExDx2F: jax.Array
   w_down_ExFxD: jax.Array
 
 

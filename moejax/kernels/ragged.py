@@ -26,5 +26,7 @@ def run(a: plans.KernelArgs) -> jax.Array:
       lhs.dtype
     )
 
-  h_AxF = jax.nn.silu(dot(x_AxD, a.ex.w_gate_ExDxF)) * dot(x_AxD, a.ex.w_up_ExDxF)
+  F = a.ex.w_down_ExFxD.shape[1]
+  gu_Ax2F = dot(x_AxD, a.ex.w_gate_up_ExDx2F)
+  h_AxF = jax.nn.silu(gu_Ax2F[:, :F]) * gu_Ax2F[:, F:]
   return plans.combine(dot(h_AxF, a.ex.w_down_ExFxD), a.plan, a.weights_TxK)

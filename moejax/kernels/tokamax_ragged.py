@@ -150,9 +150,8 @@ gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 def swiglu(x_MxD, ex: plans.ExpertWeights, counts_E, impls: tuple[str, ...]) -> jax.Array:
   """Per-group SwiGLU on rows grouped by expert (every row in a group)."""
-  F = ex.w_gate_ExDxF.shape[-1]
-  w_gu_ExDx2F = jnp.concatenate([ex.w_gate_ExDxF, ex.w_up_ExDxF], axis=-1)
-  gu_Mx2F = gmm(x_MxD, w_gu_ExDx2F, counts_E, impls)
+  F = ex.w_down_ExFxD.shape[1]
+  gu_Mx2F = gmm(x_MxD, ex.w_gate_up_ExDx2F, counts_E, impls)
   h_MxF = jax.nn.silu(gu_Mx2F[:, :F]) * gu_Mx2F[:, F:]
   return gmm(h_MxF, ex.w_down_ExFxD, counts_E, impls)
 

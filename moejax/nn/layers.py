@@ -126,13 +126,27 @@ class Attention(nnx.Module):
     return self.o_proj(o_BxLxHxK.reshape(B, L, self.n_heads * self.head_dim))
 
 
-def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """SwiGLU FFN: (silu(x·W_gate) ⊙ x·W_up)·W_down, in the dtype of its inputs."""
-  return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+def swiglu(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """SwiGLU FFN: (silu(x·W_gate) ⊙ x·W_up)·W_down, in the dtype of its inputs, with
+  `w_gate_up = [W_gate | W_up]` ([D, 2F]) one matmul."""
+  F = w_down.shape[0]
+  gu = x @ w_gate_up
+  return (jax.nn.silu(gu[..., :F]) * gu[..., F:]) @ w_down
+
+
+def gate_up_init(std: float, rngs: nnx.Rngs, shape: tuple[int, ...]) -> jax.Array:
+  """A gate/up parameter [..., 2F]: gate [..., :F] and up [..., F:] each drawn as a separate
+  [..., F] parameter of std `std` would be (the same keys in the same order), so a seed gives
+  the numbers it gave when they were two parameters."""
+  init = init_normal(std)
+  return jnp.concatenate(
+    [init(rngs.params(), shape, jnp.float32), init(rngs.params(), shape, jnp.float32)], -1
+  )
 
 
 class DenseFFN(nnx.Module):
-  """Dense SwiGLU feed-forward; float32 params, computed in `dtype`."""
+  """Dense SwiGLU feed-forward (also the shared expert): `w_gate_up [d_model, 2·d_ff]` (gate
+  then up) and `w_down [d_ff, d_model]`; float32 params, computed in `dtype`."""
 
   def __init__(
     self,
@@ -146,15 +160,11 @@ class DenseFFN(nnx.Module):
   ):
     self.dtype = dtype
     std_out = init_std if out_std is None else out_std
-    self.w_gate = nnx.Param(init_normal(init_std)(rngs.params(), (d_model, d_ff), jnp.float32))
-    self.w_up = nnx.Param(init_normal(init_std)(rngs.params(), (d_model, d_ff), jnp.float32))
+    self.w_gate_up = nnx.Param(gate_up_init(init_std, rngs, (d_model, d_ff)))
     self.w_down = nnx.Param(init_normal(std_out)(rngs.params(), (d_ff, d_model), jnp.float32))
 
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
     cdt = jnp.dtype(self.dtype)
     return swiglu(
-      x_BxLxD.astype(cdt),
-      self.w_gate[...].astype(cdt),
-      self.w_up[...].astype(cdt),
-      self.w_down[...].astype(cdt),
+      x_BxLxD.astype(cdt), self.w_gate_up[...].astype(cdt), self.w_down[...].astype(cdt)
     )

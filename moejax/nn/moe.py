@@ -18,7 +18,7 @@ from moejax.errors import UserError, check_choice
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
 from moejax.nn import balance, elastic, losses, routing
-from moejax.nn.layers import DTYPES, DenseFFN, init_normal
+from moejax.nn.layers import DTYPES, DenseFFN, gate_up_init, init_normal
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
 from moejax.schema import check_fields, key
@@ -164,17 +164,17 @@ class Router(nnx.Module):
 
 
 class Experts(nnx.Module):
-  """E stacked SwiGLU experts: w_gate, w_up [E, d_model, d_expert]; w_down [E, d_expert, d_model]."""
+  """E stacked SwiGLU experts: w_gate_up [E, d_model, 2·d_expert] (gate then up);
+  w_down [E, d_expert, d_model]."""
 
   def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):
     E, D, F = cfg.n_experts, cfg.d_model, cfg.d_expert
-    init = init_normal(cfg.expert_init_std or cfg.init_std)
-    self.w_gate = nnx.Param(init(rngs.params(), (E, D, F), jnp.float32))
-    self.w_up = nnx.Param(init(rngs.params(), (E, D, F), jnp.float32))
-    self.w_down = nnx.Param(init(rngs.params(), (E, F, D), jnp.float32))
+    std = cfg.expert_init_std or cfg.init_std
+    self.w_gate_up = nnx.Param(gate_up_init(std, rngs, (E, D, F)))
+    self.w_down = nnx.Param(init_normal(std)(rngs.params(), (E, F, D), jnp.float32))
 
   def weights(self) -> dsp.ExpertWeights:
-    return dsp.ExpertWeights(self.w_gate[...], self.w_up[...], self.w_down[...])
+    return dsp.ExpertWeights(self.w_gate_up[...], self.w_down[...])
 
 
 class SharedGate(nnx.Module):

@@ -38,8 +38,7 @@ _MLP_PARTS = {
   "experts": "routed_experts",
   "shared": "shared_experts",
   "shared_gate": "shared_experts",
-  "w_gate": "dense_ffn",
-  "w_up": "dense_ffn",
+  "w_gate_up": "dense_ffn",
   "w_down": "dense_ffn",
 }
 # Published-count conventions: name -> (groups left out, where it is used).
@@ -112,8 +111,8 @@ class Worksheet:
 
 
 def group_of(names: tuple[str, ...]) -> str:
-  """The group of a parameter path, unrolled ('layers', '3', 'mlp', 'experts', 'w_up') or
-  scanned ('stacks', '1', 'blocks', '0', 'mlp', 'experts', 'w_up'): a stack is counted whole,
+  """The group of a parameter path, unrolled ('layers', '3', 'mlp', 'experts', 'w_down') or
+  scanned ('stacks', '1', 'blocks', '0', 'mlp', 'experts', 'w_down'): a stack is counted whole,
   every layer of its segment at once (`moejax.nn.stack`)."""
   if names[0] in ("embed", "lm_head"):
     return "embeddings" if names[0] == "embed" else "lm_head"

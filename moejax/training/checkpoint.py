@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 
 from moejax import runio
 from moejax.errors import UserError
+from moejax.training import split_layout
 
 
 def directory(workdir: str) -> str:
@@ -144,13 +145,39 @@ def restore(
 ) -> tuple[int, Any, dict]:
   """Restores (step, state, data_state); `step=None` takes the latest.
 
-  A missing or unreadable checkpoint raises a one-line `UserError` naming the directory.
+  A missing or unreadable checkpoint raises a one-line `UserError` naming the directory. A
+  checkpoint of the split gate/up layout is converted (`split_layout`).
   """
   step = _pick_step(mngr, step)
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+  saved = split_layout.saved_tree(mngr, step)
+  if saved is not None and split_layout.is_split(saved):
+    state, data = _restore_split(mngr, step, saved, target, data=True)
+    return step, state, data
   args = ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
   out = _restore_or_fail(mngr, step, args)
   return step, out.state, out.data
+
+
+def _restore_split(mngr: ocp.CheckpointManager, step: int, saved, target, data: bool):
+  """(state, data state or None) of a split gate/up checkpoint, in `target`'s layout."""
+  try:
+    split = split_layout.split_target(saved, target)
+  except UserError as e:
+    raise UserError(f"checkpoint {mngr.directory}/{step} does not match this config: {e}") from None
+  if data:  # the trainer's restore: the whole state, with the handler its manager saves with
+    items = {"state": ocp.args.StandardRestore(split), "data": ocp.args.JsonRestore()}
+  else:
+    restore_args = split_layout.restore_args(split)
+    items = {
+      "state": ocp.args.PyTreeRestore(item=split, restore_args=restore_args, partial_restore=True)
+    }
+  out = _restore_or_fail(mngr, step, ocp.args.Composite(**items))
+  try:
+    state = split_layout.fill(target, split_layout.join(out.state))
+  except UserError as e:
+    raise UserError(f"checkpoint {mngr.directory}/{step} does not match this config: {e}") from None
+  return state, (out.data if data else None)
 
 
 def restore_params(
@@ -162,6 +189,10 @@ def restore_params(
   step = _pick_step(mngr, step)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)
+  saved = split_layout.saved_tree(mngr, step)
+  if saved is not None and split_layout.is_split(saved):
+    state = _restore_split(mngr, step, saved, target, data=False)[0]
+    return step, {name: state[name] for name in abstract}
   restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=device), target)
   partial = ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
   out = _restore_or_fail(mngr, step, ocp.args.Composite(state=partial))

@@ -224,11 +224,10 @@ def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, 
     sel, w, m = my_routing(z, bias, rule, k1, k2, train_k)
     masses.append(m)
     ex = mp["experts"]
+    wgu, wd = np.asarray(ex["w_gate_up"], np.float64), np.asarray(ex["w_down"], np.float64)
+    F = wd.shape[1]  # gate in columns [0, F) of w_gate_up, up in [F, 2F)
     y_ExTxD = np.stack(
-      [
-        (_silu(h @ ex["w_gate"][e]) * (h @ ex["w_up"][e])) @ ex["w_down"][e]
-        for e in range(ex["w_gate"].shape[0])
-      ]
+      [(_silu(h @ wgu[e, :, :F]) * (h @ wgu[e, :, F:])) @ wd[e] for e in range(wgu.shape[0])]
     )
     y = sum(w[:, j : j + 1] * y_ExTxD[sel[:, j], np.arange(B * L)] for j in range(sel.shape[1]))
     y = y * (1.0 if scale is None else scale[len(ms)])

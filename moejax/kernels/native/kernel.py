@@ -35,8 +35,7 @@ def run(a: plans.KernelArgs) -> jax.Array:
   w_R = take_rows(w_Ax1, a.plan.assign_of_R, a.plan.row_of_A[:, None])[:, 0]
   tok_R, row_TxK = a.plan.token_of_R, a.plan.row_of_A.reshape(T, K)
   e_R = expert_of_rows(a, tok_R.shape[0])
-  w_gu = jnp.concatenate([a.ex.w_gate_ExDxF, a.ex.w_up_ExDxF], axis=-1)
-  args = (a.x_TxD, w_R, tok_R, e_R, row_TxK, w_gu, a.ex.w_down_ExFxD)
+  args = (a.x_TxD, w_R, tok_R, e_R, row_TxK, *a.ex)
   ops.check(*args)
   return ops.swiglu_combine(*args)
 
@@ -44,11 +43,10 @@ def run(a: plans.KernelArgs) -> jax.Array:
 def run_dropless(x_TxD, experts_TxK, weights_TxK, ex: plans.ExpertWeights, used_TxK=None):
   """Dropless y_TxD from the routing: the FFI calls plan it (`native.dropless`); assignments
   outside `used_TxK` are passed as expert E (no row)."""
-  E = ex.w_gate_ExDxF.shape[0]
+  E = ex.w_down_ExFxD.shape[0]
   e_TxK = jnp.asarray(experts_TxK, jnp.int32)
   if used_TxK is not None:
     e_TxK = jnp.where(used_TxK, e_TxK, E)
-  w_gu = jnp.concatenate([ex.w_gate_ExDxF, ex.w_up_ExDxF], axis=-1)
-  args = (x_TxD, weights_TxK.astype(x_TxD.dtype), e_TxK, w_gu, ex.w_down_ExFxD)
+  args = (x_TxD, weights_TxK.astype(x_TxD.dtype), e_TxK, *ex)
   dropless.check(*args)
   return dropless.swiglu_combine(*args)
