@@ -110,7 +110,7 @@ def memory_signature(c: ml_collections.ConfigDict) -> str:
       node = node.get(part, {})
     node.pop(last, None)
   if c.model.moe_every > 0:
-    rule = config.resolve(c).resolved_rule()
+    rule = config.typed(c).resolved_rule()
     for field in (*rule, "rule"):
       d["model"]["moe"].pop(field, None)
     d["model"]["moe"]["resolved_rule"] = {k: v for k, v in rule.items() if k not in RULE_MATH}

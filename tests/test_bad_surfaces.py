@@ -61,7 +61,7 @@ def tree_hash(directory) -> str:
 
 
 def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
-  return as_data(ml_collections.ConfigDict({"corpus": "files", "paths": paths, **DATA, **kw}))
+  return ml_collections.ConfigDict({"corpus": "files", "paths": paths, **DATA, **kw})
 
 
 def corrupt(path: str, n: int = 4096) -> None:
@@ -87,7 +87,7 @@ def world(tmp_path_factory):
   paths = str(root / "corpus.jsonl")
   c = data_cfg(paths)
   out = str(root / "prepared")
-  manifest = prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
+  manifest = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   config = root / "light.py"
   config.write_text(LIGHT_CONFIG.format(data=dataclasses.asdict(c)))
   return {"root": root, "c": c, "out": out, "manifest": manifest, "config": str(config)}
@@ -285,7 +285,7 @@ def test_prepare_and_the_in_memory_path_refuse_the_same_values(world, tmp_path, 
   c = data_cfg(world["c"].paths, **kw)
   out = str(tmp_path / "out")
   key = f"data.{next(iter(kw))}"
-  a = one_line(lambda: prepare_lib.prepare(c, out, part_bytes=PART, **QUIET), key)
+  a = one_line(lambda: prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET), key)
   b = one_line(lambda: make_data(as_data(c), seed=0, workdir=None))
   assert a == b and not os.path.exists(out)
 
@@ -297,10 +297,10 @@ def test_out_and_the_plan_are_checked_before_the_corpus_is_read(world, tmp_path,
   monkeypatch.setattr(scan, "scan", no_scan)
   c = world["c"]
   (tmp_path / "f").write_text("")
-  one_line(lambda: prepare_lib.prepare(c, str(tmp_path / "f"), **QUIET), "is a file")
+  one_line(lambda: prepare_lib.prepare(as_data(c), str(tmp_path / "f"), **QUIET), "is a file")
   before = tree_hash(world["out"])
   other = data_cfg(c.paths, seq_len=32)
-  one_line(lambda: prepare_lib.prepare(other, world["out"], part_bytes=PART, **QUIET), "16 there")
+  one_line(lambda: prepare_lib.prepare(as_data(other), world["out"], part_bytes=PART, **QUIET), "16 there")
   assert tree_hash(world["out"]) == before
 
 
@@ -309,12 +309,12 @@ def test_a_corrected_prepare_into_the_out_of_a_failed_one_succeeds(world, tmp_pa
   c = world["c"]
   for bad in (dict(bpe_vocab_size=-5), dict(bpe_sample_bytes=1), dict(seq_len=100000)):
     bad_c = data_cfg(c.paths, **bad)
-    one_line(lambda b=bad_c: prepare_lib.prepare(b, out, part_bytes=PART, **QUIET))
+    one_line(lambda b=bad_c: prepare_lib.prepare(as_data(b), out, part_bytes=PART, **QUIET))
     assert not os.path.exists(out), bad
   os.makedirs(out)  # an empty --out stays empty after a refusal
-  one_line(lambda: prepare_lib.prepare(data_cfg(c.paths, seq_len=100000), out, **QUIET))
+  one_line(lambda: prepare_lib.prepare(as_data(data_cfg(c.paths, seq_len=100000)), out, **QUIET))
   assert os.listdir(out) == []
-  m = prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
+  m = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   assert m["train"] == world["manifest"]["train"] and m["heldout"] == world["manifest"]["heldout"]
 
 
@@ -325,11 +325,11 @@ def test_a_leftover_plan_that_wrote_no_part_is_replaced(world, tmp_path):
   c = world["c"]
   with pytest.raises(ZeroDivisionError):
     prepare_lib.prepare(
-      data_cfg(c.paths, bpe_vocab_size=400), out, part_bytes=PART, log=lambda line: 1 / 0
+      as_data(data_cfg(c.paths, bpe_vocab_size=400)), out, part_bytes=PART, log=lambda line: 1 / 0
     )  # fmt: skip  (dies after the scan's log line)
   assert os.path.exists(os.path.join(out, ".prepare", "plan.json"))
   assert not [n for n in os.listdir(os.path.join(out, ".prepare")) if n.startswith("part-")]
-  m = prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
+  m = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   assert m["tokenizer"] == world["manifest"]["tokenizer"]
   assert m["train"] == world["manifest"]["train"]
 

@@ -9,7 +9,9 @@ from flax import nnx
 
 from moejax import build
 from moejax import config as config_lib
+from moejax.config import reader
 from moejax.config import run as run_lib
+from moejax.nn.losses import LossConfig
 from moejax.errors import UserError
 from runconfig import as_run
 
@@ -29,15 +31,15 @@ def tiny(**model):
 @pytest.mark.parametrize(
   "section, build_it",
   [
-    ("model.moe", lambda c: as_run(c).moe),
-    ("model.moe", lambda c: as_run(c).with_vocab(V).model),
-    ("model", lambda c: as_run(c).with_vocab(V).model),
-    ("loss", lambda c: as_run(c).with_shards(1).loss),
+    ("model.moe", lambda c: reader._moe(c.model)),
+    ("model.moe", lambda c: reader._model(c.model)),
+    ("model", lambda c: reader._model(c.model)),
+    ("loss", lambda c: reader._section(LossConfig, c.loss, "loss", grad_accum=1)),
   ],
 )
 def test_a_key_no_builder_reads_is_refused_by_name(section, build_it):
-  """config.check_keys refuses it first for a user; this is the builder's own guard, for a
-  key added to base_config() but to no dataclass or builder."""
+  """config.check_keys refuses it first for a user (config.resolve); this is the section
+  builders' own guard, for a key added to base_config() but to no dataclass or builder."""
   c = tiny()
   build_it(c)  # every key of base_config() is read
   node = c

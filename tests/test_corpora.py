@@ -19,11 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from runconfig import as_data
 from tiers import FULL
 
 from moejax.data import corpora, filesystem, readers, shards, stream
 from moejax.data import prepare as prepare_lib
-from moejax.data.pipeline import complete, heldout_mask, make_data
+from moejax.data.pipeline import heldout_mask, make_data
 from moejax.errors import UserError
 
 QUIET = {"log": lambda *a, **k: None}
@@ -96,7 +97,7 @@ def formats(docs, tmp_path_factory) -> dict[str, str]:
 
 def files_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
   base = dict(corpus="files", paths=paths, seq_len=16, batch_size=4, holdout_fraction=0.2)
-  return complete(ml_collections.ConfigDict({**base, **kw}))
+  return as_data(ml_collections.ConfigDict({**base, **kw}))
 
 
 ALL = ("jsonl", "gz", "zst", "bz2", "xz", "parquet", "arrow")
@@ -104,9 +105,9 @@ ALL = ("jsonl", "gz", "zst", "bz2", "xz", "parquet", "arrow")
 
 @pytest.mark.parametrize("fmt", ALL)
 def test_every_format_reads_the_same_docs_and_corpus_hash(docs, formats, fmt):
-  got, info = corpora.load_corpus(files_cfg(formats[fmt]))
+  got, info = corpora.load_corpus(as_data(files_cfg(formats[fmt])))
   assert got == docs
-  ref = corpora.load_corpus(files_cfg(formats["jsonl"]))[1]
+  ref = corpora.load_corpus(as_data(files_cfg(formats["jsonl"])))[1]
   assert (info.sha256, info.n_docs, info.n_bytes) == (ref.sha256, ref.n_docs, ref.n_bytes)
 
 
@@ -115,7 +116,7 @@ def test_arrow_random_access_files_read_as_the_stream_files(docs, tmp_path):
   with pa.OSFile(str(tmp_path / "r.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
     for batch in table.to_batches(max_chunksize=7):
       w.write_batch(batch)
-  assert corpora.load_corpus(files_cfg(str(tmp_path / "r.arrow")))[0] == docs
+  assert corpora.load_corpus(as_data(files_cfg(str(tmp_path / "r.arrow"))))[0] == docs
 
 
 def test_auto_format_by_suffix():
@@ -155,7 +156,7 @@ def prepared(formats, tmp_path_factory):
   out = {}
   for fmt in ("jsonl", "zst", "parquet", "arrow"):
     out[fmt] = str(root / fmt)
-    prepare_lib.prepare(files_cfg(formats[fmt]), out[fmt], part_bytes=8_000, **QUIET)
+    prepare_lib.prepare(as_data(files_cfg(formats[fmt])), out[fmt], part_bytes=8_000, **QUIET)
   return out
 
 
@@ -163,12 +164,12 @@ def prepared(formats, tmp_path_factory):
 def test_formats_train_and_prepare_to_identical_windows(docs, formats, prepared, fmt):
   c = files_cfg(formats[fmt])
   want = expected_windows(docs, c)
-  mem = make_data(c, seed=3, workdir=None)
-  pre = make_data(files_cfg(formats[fmt], prepared=prepared[fmt]), seed=3, workdir=None)
+  mem = make_data(as_data(c), seed=3, workdir=None)
+  pre = make_data(as_data(files_cfg(formats[fmt], prepared=prepared[fmt])), seed=3, workdir=None)
   for data in (mem, pre):
     np.testing.assert_array_equal(data.train_windows[:], want["train"])
     np.testing.assert_array_equal(data.heldout_windows[:], want["heldout"])
-  ref = make_data(files_cfg(formats["jsonl"]), seed=3, workdir=None)
+  ref = make_data(as_data(files_cfg(formats["jsonl"])), seed=3, workdir=None)
   assert mem.corpus.sha256 == pre.corpus.sha256 == ref.corpus.sha256
   a, b = mem.train_iterator(), pre.train_iterator()
   for _ in range(3):
@@ -238,7 +239,7 @@ def one_line(fn, *needles):
 
 
 def load(path, **kw):
-  return lambda: corpora.load_corpus(files_cfg(str(path), **kw))
+  return lambda: corpora.load_corpus(as_data(files_cfg(str(path), **kw)))
 
 
 def test_a_missing_text_key_names_the_columns_or_keys_there_are(docs, tmp_path):
@@ -246,7 +247,7 @@ def test_a_missing_text_key_names_the_columns_or_keys_there_are(docs, tmp_path):
   one_line(load(pq_path), "b.parquet", "no column 'text'", "data.text_key", "'id', 'body'")
   (tmp_path / "b.jsonl").write_bytes(jsonl_bytes(docs, key="body"))
   one_line(load(tmp_path / "b.jsonl"), "b.jsonl:1", "no key 'text'", "'id', 'body'")
-  assert corpora.load_corpus(files_cfg(pq_path, text_key="body"))[0] == docs
+  assert corpora.load_corpus(as_data(files_cfg(pq_path, text_key="body")))[0] == docs
 
 
 def test_a_non_string_or_null_text_is_refused(tmp_path):
@@ -314,10 +315,10 @@ def test_a_killed_parquet_prepare_resumes_from_its_last_finished_part(
 
   monkeypatch.setattr(shards, "write_shard", dies_at_the_fourth)
   with pytest.raises(Killed):
-    prepare_lib.prepare(c, out, part_bytes=8_000, **QUIET)
+    prepare_lib.prepare(as_data(c), out, part_bytes=8_000, **QUIET)
   done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in written[:2]}  # part 0
   monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
-  manifest = prepare_lib.prepare(c, out, part_bytes=8_000, **QUIET)
+  manifest = prepare_lib.prepare(as_data(c), out, part_bytes=8_000, **QUIET)
   assert written[3:] and "train-00000.array_record" not in written[3:]
   assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in done} == done
   ref = shards.read_manifest(prepared["parquet"])
@@ -329,7 +330,7 @@ def test_a_manifest_written_with_jsonl_key_is_read_as_text_key():
   """Prepared directories from before the rename record `data.jsonl_key`: the same value
   is accepted, another one is named."""
   c = files_cfg("a.jsonl")
-  manifest = {"data": {**stream.content_config(c), "jsonl_key": "text"}}
+  manifest = {"data": {**stream.content_config(as_data(c)), "jsonl_key": "text"}}
   del manifest["data"]["text_key"]
   stream.check_config(c, manifest, "old")  # accepted
   manifest["data"]["jsonl_key"] = "body"

@@ -133,7 +133,7 @@ def test_split_corpus_heldout_windows_are_the_heldout_docs_in_order():
   followed by EOS, in corpus order, cut into rows of seq_len + 1 (tail dropped): built here
   with a loop."""
   c = as_data(cfg(holdout_fraction=0.2))
-  docs, _ = corpora.load_corpus(c)
+  docs, _ = corpora.load_corpus(as_data(c))
   split = split_corpus(c, None)
   eos = split.tokenizer.eos_id
   stream = []

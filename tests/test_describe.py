@@ -162,10 +162,12 @@ def _layout(c, scan: bool):
   """(worksheet, its text, build.count_params, the parameters' top-level names) in one
   layout."""
   c.model.scan_layers = scan
-  mc = as_run(c).with_vocab(257).model
+  rc = as_run(c)
+  rc = rc.with_vocab(rc.model.vocab_size or 257)  # the config's own vocab where it sets one
+  mc = rc.model
   params = build.abstract_params(mc)
   tops = {build.param_names(p)[0] for p, _ in jax.tree_util.tree_leaves_with_path(params)}
-  ws = describe.worksheet(as_run(c).with_vocab(257))
+  ws = describe.worksheet(rc)
   return ws, describe.format_worksheet(ws), build.count_params(params, mc.moe), tops
 
 
@@ -214,7 +216,9 @@ def test_trainer_records_the_worksheet():
   n_params, n_active = build.count_params(params, as_run(c).moe)
   tokenizer = types.SimpleNamespace(vocab_size=257)
   data = types.SimpleNamespace(tokenizer=tokenizer, describe=dict)
-  run = types.SimpleNamespace(config=c, data=data, n_params=n_params, n_active=n_active)
+  run = types.SimpleNamespace(
+    config=as_run(c).with_vocab(257), data=data, n_params=n_params, n_active=n_active
+  )
   ws = trainer.resolved_config(run)["resolved"]["worksheet"]
   assert (ws["total"], ws["active"]) == (n_params, n_active)
   assert ws["vocab_size"] == 257 and ws["groups"]["embeddings"]["total"] == 257 * 8

@@ -86,12 +86,12 @@ def test_gpu_fit_is_the_compilers_and_fails_a_tiny_memory(h100):
   assert fp.params == 4 * (OTHERS + EXPERTS) and fp.batch == 4 * (8 // 8) * (16 + 1)
   assert fp.arguments >= fp.params + fp.opt_state + fp.router and fp.temporaries > 0
   assert fp.fits and not fp.refused and any(lp.grows for lp in fp.loops), fp.loops
-  text = describe.format_fit(as_run(fp), c)
+  text = describe.format_fit(fp, as_run(c))
   assert "GPU compiler (XLA:GPU): memory_analysis()" in text and "\n  fits: " in text
   assert "while loops:" in text and "step time: not estimated" in text
   assert all(len(line) <= 100 for line in text.splitlines()), text
   tiny = fp._replace(target=h100._replace(hbm_bytes=fp.params))  # below the whole step
-  assert not tiny.fits and "DOES NOT FIT" in describe.format_fit(as_run(tiny), c)
+  assert not tiny.fits and "DOES NOT FIT" in describe.format_fit(tiny, as_run(c))
 
 
 def test_oom_message_and_accelerator_names_parse_by_hand():
@@ -141,7 +141,7 @@ def test_cli_gpu_target_and_bad_flags_are_one_line():
   else:  # refused before the worksheet: exactly how to install the compiler
     assert out.returncode == 2 and out.stdout == "", out.stdout
     want = (
-      'error: --gpu h100:8 needs the GPU compiler (jax\'s CUDA plugin): pip install -e ".[cuda]"'
+      'error: --gpu h100:8 needs the cuda extra (jax\'s CUDA plugin, the GPU compiler): pip install -e ".[cuda]"'
     )
     assert out.stderr.strip() == want
   for args, text in (
@@ -172,15 +172,15 @@ def test_tpu_fit_both_sides_of_the_hbm(v5e):
   fp = aot.footprint(as_run(c), v5e)
   assert fp.params == 4 * (OTHERS + EXPERTS) and fp.router == 4 * E  # replicated, data 4
   assert fp.fits and not fp.refused and fp.arguments >= fp.params + fp.opt_state + fp.router
-  text = describe.format_fit(as_run(fp), c)
+  text = describe.format_fit(fp, as_run(c))
   assert "TPU compiler: memory_analysis()" in text and "\n  fits: " in text
   # 1 sequence of 32768 tokens per chip: attention keeps 2 heads × 32768² float32
   # probabilities (8 GiB) and more for the backward pass, past 15.75 GiB
   c.data.update(batch_size=4, seq_len=32768)
   big = aot.footprint(as_run(c), v5e)
   assert big.refused and not big.fits and big.temporaries > v5e.hbm_bytes
-  assert "DOES NOT FIT" in describe.format_fit(as_run(big), c) and "RESOURCE_EXHAUSTED" in (
-    describe.format_fit(as_run(big), c)
+  assert "DOES NOT FIT" in describe.format_fit(big, as_run(c)) and "RESOURCE_EXHAUSTED" in (
+    describe.format_fit(big, as_run(c))
   )
 
 

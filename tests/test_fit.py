@@ -63,8 +63,8 @@ def test_a_batch_that_does_not_divide_is_a_reason_never_a_change():
 )
 def test_the_lower_bound_is_the_state_per_device_by_hand(n, kw, state):
   """Parameters and AdamW's two moments, 4 bytes each, per device on the rule's mesh."""
-  c = small(**kw)
-  assert fit.state_bytes(as_run(fit.on_mesh(c, fit.fit_mesh(c.mesh, n))), abstract_gpus(n)) == state
+  rc = as_run(small(**kw))
+  assert fit.state_bytes(fit.on_mesh(rc, fit.fit_mesh(rc.mesh, n)), abstract_gpus(n)) == state
 
 
 def _tried(name, n, mesh, skipped="", fp=None) -> fit.Tried:

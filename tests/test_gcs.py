@@ -127,7 +127,7 @@ def saving(workdir: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def abstract():
-  return trainer.build(as_run(as_run(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()}))), None).state
+  return trainer.build(as_run(tiny(**{k.replace(".", "__"): v for k, v in RUN.items()})), None).state
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +358,7 @@ def test_prepare_writes_shards_to_gs_and_training_streams_them_as_the_in_memory_
   assert logged_steps(workdir) == list(range(1, STEPS + 1))
   same_rows(rows(workdir), rows(local_run))
   c = tiny(**{k.replace(".", "__"): v for k, v in {**RUN, **local}.items()})
-  abstract = trainer.build(as_run(as_run(c)), None).state
+  abstract = trainer.build(as_run(c), None).state
   a, b = final_state(workdir, abstract), final_state(local_run, abstract)
   assert a[0] == b[0] == STEPS and a[2] == b[2]
   assert_trees_equal(a[1], b[1], "final state streamed from gs:// vs encoded in memory")

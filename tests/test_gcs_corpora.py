@@ -17,9 +17,10 @@ from gcs_fixture import filesystem, gcs  # noqa: F401  (gcs: the session's serve
 from test_corpora import jsonl_bytes, write_hf_dataset, write_parquet, zst_frames
 from test_tokenizers import TEXTS
 
+from runconfig import as_data
 from moejax.data import corpora
 from moejax.data import prepare as prepare_lib
-from moejax.data.pipeline import complete, make_data
+from moejax.data.pipeline import make_data
 from moejax.data.tokenizer import build_tokenizer
 from moejax.errors import UserError
 
@@ -49,7 +50,7 @@ def corpus(gcs, tmp_path_factory):  # noqa: F811
 
 def cfg(paths: str, **kw) -> ml_collections.ConfigDict:
   base = dict(corpus="files", paths=paths, seq_len=16, batch_size=2, holdout_fraction=0.2)
-  return complete(ml_collections.ConfigDict({**base, **kw}))
+  return as_data(ml_collections.ConfigDict({**base, **kw}))
 
 
 def no_temp_files(monkeypatch):
@@ -68,29 +69,29 @@ def test_gs_corpora_and_sp_tokenizer_read_as_the_local_files(corpus, monkeypatch
     spec = {"tokenizer": f"sp:{remote}/sp.model"}
     with monkeypatch.context() as m:
       no_temp_files(m)
-      got = corpora.load_corpus(cfg(f"{remote}/{name}"))
-      mem = make_data(cfg(f"{remote}/{name}", **spec), seed=1, workdir=None)
-    want = corpora.load_corpus(cfg(f"{local}/{name}"))
+      got = corpora.load_corpus(as_data(cfg(f"{remote}/{name}")))
+      mem = make_data(as_data(cfg(f"{remote}/{name}", **spec)), seed=1, workdir=None)
+    want = corpora.load_corpus(as_data(cfg(f"{local}/{name}")))
     assert got[0] == want[0] and got[1].sha256 == want[1].sha256
     ref_cfg = cfg(f"{local}/{name}", tokenizer=f"sp:{local}/sp.model")
-    ref = make_data(ref_cfg, seed=1, workdir=None)
+    ref = make_data(as_data(ref_cfg), seed=1, workdir=None)
     np.testing.assert_array_equal(mem.train_windows, ref.train_windows)
   sp = sentencepiece.SentencePieceProcessor(model_file=f"{local}/sp.model")
   assert mem.tokenizer.encode(TEXTS[0]).tolist() == sp.encode(TEXTS[0])
   out = str(tmp_path / "prepared")
   c = cfg(f"{remote}/c.parquet", tokenizer=f"sp:{remote}/sp.model")
-  prepare_lib.prepare(c, out, part_bytes=3_000, log=lambda *a, **k: None)
+  prepare_lib.prepare(as_data(c), out, part_bytes=3_000, log=lambda *a, **k: None)
   c_pre = cfg(f"{remote}/c.parquet", tokenizer=c.tokenizer, prepared=out)
-  pre = make_data(c_pre, seed=1, workdir=None)
+  pre = make_data(as_data(c_pre), seed=1, workdir=None)
   np.testing.assert_array_equal(pre.train_windows[:], mem.train_windows)
 
 
 def test_a_gs_glob_that_matches_nothing_is_one_line(corpus):
   _, remote = corpus
   with pytest.raises(UserError, match=r"gs://.*/\*\.nothing: glob in data.paths matches no"):
-    corpora.load_corpus(cfg(f"{remote}/*.nothing"))
+    corpora.load_corpus(as_data(cfg(f"{remote}/*.nothing")))
   with pytest.raises(UserError, match="no such file"):
-    corpora.load_corpus(cfg(f"{remote}/absent.parquet"))
+    corpora.load_corpus(as_data(cfg(f"{remote}/absent.parquet")))
 
 
 def test_hf_tokenizer_folder_on_gs(gcs, tmp_path):  # noqa: F811

@@ -63,7 +63,7 @@ def data_cfg(paths: str, **kw) -> ml_collections.ConfigDict:
     batch_size=4,
     holdout_fraction=0.2,
   )
-  return as_data(ml_collections.ConfigDict({**base, **kw}))
+  return ml_collections.ConfigDict({**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def prepared(tmp_path_factory):
   root = tmp_path_factory.mktemp("prep")
   c = data_cfg(write_corpus(root / "corpus"))
   out = str(root / "out")
-  return c, out, prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
+  return c, out, prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
 
 
 def with_(c, **kw) -> ml_collections.ConfigDict:
@@ -84,7 +84,7 @@ def with_(c, **kw) -> ml_collections.ConfigDict:
 def expected_windows(c, out: str, held: bool) -> np.ndarray:
   """The split's windows by hand: each doc of the side encoded by the written tokenizer.json
   (tokenizers itself), EOS after it, in corpus order, cut into rows of seq_len + 1."""
-  docs, _ = corpora.load_corpus(c)
+  docs, _ = corpora.load_corpus(as_data(c))
   tok = tokenizers.Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
   eos = tok.token_to_id("<|eos|>")
   stream = []
@@ -122,7 +122,7 @@ def test_prepared_windows_batches_and_state_equal_the_in_memory_path(prepared):
     assert a.get_state() == b.get_state()
   for x, y in zip(mem.eval_batches(5, 2), pre.eval_batches(5, 2)):
     np.testing.assert_array_equal(x, y)
-  grid, vocab = heldout_windows(with_(c, prepared=out), None)  # the k-grid's
+  grid, vocab = heldout_windows(as_data(with_(c, prepared=out)), None)  # the k-grid's
   np.testing.assert_array_equal(grid, mem.heldout_windows)
   assert vocab == mem.tokenizer.vocab_size
   # A sample as large as the train split: the BPE is the one fitted in memory on all of it.
@@ -286,19 +286,19 @@ def test_a_killed_prepare_finishes_without_redoing_finished_shards(prepared, tmp
 
   monkeypatch.setattr(shards, "write_shard", dies_at_the_fourth)
   with pytest.raises(Killed):
-    prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
+    prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   assert not os.path.exists(os.path.join(out, shards.MANIFEST))
   with pytest.raises(UserError, match="no manifest.json"):
     make_data(as_data(with_(c, prepared=out)), seed=0, workdir=None)
   done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in written[:2]}  # part 0
   monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
-  manifest = prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)
+  manifest = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   assert written[3:] and "train-00000.array_record" not in written[3:]
   assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in done} == done
   for split in shards.SPLITS:
     assert manifest[split] == ref[split]  # the same shards, bytes and hashes
   n = len(written)
-  prepare_lib.prepare(c, out, part_bytes=PART, **QUIET)  # a finished prepare: nothing redone
+  prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)  # a finished prepare: nothing redone
   assert len(written) == n
 
 
@@ -363,10 +363,10 @@ def test_missing_truncated_or_unlisted_shards_name_the_file(prepared, tmp_path):
 def test_prepare_into_another_prepare_is_refused_and_changes_nothing(prepared, tmp_path):
   c, out, _ = prepared
   d = str(tmp_path / "other")
-  prepare_lib.prepare(with_(c, tokenizer="byte"), d, part_bytes=PART, **QUIET)
+  prepare_lib.prepare(as_data(with_(c, tokenizer="byte")), d, part_bytes=PART, **QUIET)
   before = {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d) if "." in n[1:]}
   one_line(
-    lambda: prepare_lib.prepare(c, d, part_bytes=PART, **QUIET), "holds a prepare of other data"
+    lambda: prepare_lib.prepare(as_data(c), d, part_bytes=PART, **QUIET), "holds a prepare of other data"
   )
   after = {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d) if "." in n[1:]}
   assert after == before

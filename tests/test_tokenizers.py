@@ -16,10 +16,11 @@ import tiktoken
 import tokenizers
 from tiktoken_ext import openai_public
 
+from runconfig import as_data
 from moejax.data import corpora, scan, tokenizer
 from moejax.data.config import DataConfig
 from moejax.data import prepare as prepare_lib
-from moejax.data.pipeline import complete, heldout_mask, make_data
+from moejax.data.pipeline import heldout_mask, make_data
 from moejax.data.sp_tokenizer import SentencePieceTokenizer
 from moejax.data.tiktoken_tokenizer import TiktokenTokenizer
 from moejax.errors import UserError
@@ -64,7 +65,7 @@ def sp_model(docs, tmp_path_factory) -> str:
 def test_sp_ids_eos_and_decode_match_sentencepiece(sp_model):
   ref = sentencepiece.SentencePieceProcessor(model_file=sp_model)
   tok = tokenizer.build_tokenizer(
-    complete(ml_collections.ConfigDict({"tokenizer": f"sp:{sp_model}"})),
+    as_data(ml_collections.ConfigDict({"tokenizer": f"sp:{sp_model}"})),
     [],
     "",
     None,
@@ -123,7 +124,7 @@ def test_tiktoken_named_encoding_takes_the_librarys_regex_and_special_tokens(
 
 def in_memory_cfg(spec: str, **kw) -> ml_collections.ConfigDict:
   base = dict(corpus="synthetic", synthetic_docs=60, tokenizer=spec, seq_len=16, batch_size=2)
-  return complete(ml_collections.ConfigDict({**base, "holdout_fraction": 0.2, **kw}))
+  return as_data(ml_collections.ConfigDict({**base, "holdout_fraction": 0.2, **kw}))
 
 
 def test_sp_and_tiktoken_windows_in_memory_and_prepared_are_the_librarys_ids(
@@ -137,8 +138,8 @@ def test_sp_and_tiktoken_windows_in_memory_and_prepared_are_the_librarys_ids(
   }
   for spec, ref in cases.items():
     c = in_memory_cfg(spec, tiktoken_pattern=pattern)
-    docs, _ = corpora.load_corpus(c)
-    mem = make_data(c, seed=0, workdir=None)
+    docs, _ = corpora.load_corpus(as_data(c))
+    mem = make_data(as_data(c), seed=0, workdir=None)
     if ref is None:
       lines = (line.split() for line in (tmp_path / "r.tiktoken").read_text().splitlines())
       ranks = {base64.b64decode(t): int(r) for t, r in lines}
@@ -152,10 +153,10 @@ def test_sp_and_tiktoken_windows_in_memory_and_prepared_are_the_librarys_ids(
     w = stream[: len(stream) // 17 * 17]
     np.testing.assert_array_equal(mem.train_windows, np.array(w, np.int32).reshape(-1, 17))
     out = str(tmp_path / spec.partition(":")[0])
-    manifest = prepare_lib.prepare(c, out, part_bytes=4_000, log=lambda *a, **k: None)
+    manifest = prepare_lib.prepare(as_data(c), out, part_bytes=4_000, log=lambda *a, **k: None)
     assert manifest["tokenizer"]["sha256"] == mem.tokenizer.describe()["sha256"]
     c_pre = in_memory_cfg(spec, tiktoken_pattern=pattern, prepared=out)
-    pre = make_data(c_pre, seed=0, workdir=None)
+    pre = make_data(as_data(c_pre), seed=0, workdir=None)
     np.testing.assert_array_equal(pre.train_windows[:], mem.train_windows)
     np.testing.assert_array_equal(pre.heldout_windows[:], mem.heldout_windows)
 
@@ -223,5 +224,5 @@ def test_prepare_refuses_a_bad_model_file_before_the_scan_and_writes_nothing(
   monkeypatch.setattr(scan, "scan", no_scan)
   out = tmp_path / "out"
   c = in_memory_cfg(f"sp:{tmp_path}/bad.model")
-  one_line(lambda: prepare_lib.prepare(c, str(out), log=print), "bad.model", "SentencePiece")
+  one_line(lambda: prepare_lib.prepare(as_data(c), str(out), log=print), "bad.model", "SentencePiece")
   assert not out.exists() or not os.listdir(out)

@@ -37,8 +37,8 @@ def _section(cls, node: ml_collections.ConfigDict, name: str, read_elsewhere=(),
   unread = sorted(set(node.keys()) - names - set(read_elsewhere))
   if unread:
     raise UserError(
-      f"{name}.{unread[0]} is read by no field of {cls.__name__}; add it to the dataclass "
-      f"of {name}, or to the keys its section reads elsewhere"
+      f"{name}.{unread[0]} is read by no builder in moejax/config/reader.py; add it to the "
+      f"dataclass of {name} ({cls.__name__}), or to the keys its section reads elsewhere"
     )
   return cls(**{k: v for k, v in node.items() if k in names and k not in overrides}, **overrides)
 
