@@ -101,6 +101,7 @@ def memory_signature(c: ml_collections.ConfigDict) -> str:
   """What sets the train step's bytes: the config without VALUE_KEYS, with the merge rule
   as its resolved structure (RULE_MATH left out)."""
   from moejax import config  # pylint: disable=import-outside-toplevel
+  from moejax.nn import routing  # pylint: disable=import-outside-toplevel
 
   d = c.to_dict()
   for key in VALUE_KEYS:
@@ -110,7 +111,7 @@ def memory_signature(c: ml_collections.ConfigDict) -> str:
       node = node.get(part, {})
     node.pop(last, None)
   if c.model.moe_every > 0:
-    rule = config.typed(c).resolved_rule()
+    rule = routing.rule_dict(config.merge_rule(c.model.moe))
     for field in (*rule, "rule"):
       d["model"]["moe"].pop(field, None)
     d["model"]["moe"]["resolved_rule"] = {k: v for k, v in rule.items() if k not in RULE_MATH}

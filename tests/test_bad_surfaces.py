@@ -11,7 +11,6 @@ checks, what a corrected rerun does, the record a read-time error names).
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
 import json
 import os
@@ -89,7 +88,7 @@ def world(tmp_path_factory):
   out = str(root / "prepared")
   manifest = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   config = root / "light.py"
-  config.write_text(LIGHT_CONFIG.format(data=dataclasses.asdict(c)))
+  config.write_text(LIGHT_CONFIG.format(data=c.to_dict()))
   return {"root": root, "c": c, "out": out, "manifest": manifest, "config": str(config)}
 
 

@@ -102,6 +102,7 @@ def test_hf_tokenizer_folder_on_gs(gcs, tmp_path):  # noqa: F811
   remote = gcs.uri("hf-tok")
   filesystem().put(str(tmp_path), remote, recursive=True)
   got = build_tokenizer(
-    {"tokenizer": f"hf:{remote}"}, [], "", None, is_main=lambda: True, barrier=lambda _: None
+    as_data({"tokenizer": f"hf:{remote}"}), [], "", None, is_main=lambda: True,
+    barrier=lambda _: None,
   )
   assert (got.eos_id, got.vocab_size) == (2, 3) and got.encode("b a").tolist() == [1, 0]

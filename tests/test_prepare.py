@@ -88,7 +88,7 @@ def expected_windows(c, out: str, held: bool) -> np.ndarray:
   tok = tokenizers.Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
   eos = tok.token_to_id("<|eos|>")
   stream = []
-  for doc, h in zip(docs, heldout_mask(docs, c.holdout_fraction, c.split_seed)):
+  for doc, h in zip(docs, heldout_mask(docs, as_data(c).holdout_fraction, as_data(c).split_seed)):
     if h == held:
       stream += tok.encode(doc).ids + [eos]
   w = c.seq_len + 1

@@ -169,7 +169,7 @@ def test_hf_folder_reads_its_tokenizer_json(tmp_path):
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
   for spec in (f"hf:{tmp_path}", f"hf:{tmp_path}/tokenizer.json"):
     got = tokenizer.build_tokenizer(
-      {"tokenizer": spec}, [], "", None, is_main=lambda: True, barrier=lambda _: None
+      as_data({"tokenizer": spec}), [], "", None, is_main=lambda: True, barrier=lambda _: None
     )
     assert (got.eos_id, got.vocab_size) == (2, 3) and got.encode("b a b").tolist() == [1, 0, 1]
 
