@@ -27,7 +27,7 @@ def main() -> int:
   cli.parse_flags(sys.argv, _CONFIG, example="configs/quickstart.py")
   if not _OUT.value:
     cli.fail("--out is required, e.g. --out data/quickstart")
-  data = config.resolve(_CONFIG.value).data  # every key checked before anything is written
+  data = config.resolve_data(_CONFIG.value)  # its keys checked before anything is written
   m = prepare_lib.prepare(data, _OUT.value, part_bytes=int(_PART_MB.value * 1e6))
   p = m["prepare"]
   rate = p["encoded_tokens"] / p["encode_seconds"] if p["encode_seconds"] else 0.0

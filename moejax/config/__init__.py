@@ -6,7 +6,7 @@ docs/config.md)."""
 
 from moejax.config.checks import warnings
 from moejax.config.defaults import SECTIONS, base_config, preset_base, section_defaults
-from moejax.config.reader import from_values, merge_rule, resolve, typed
+from moejax.config.reader import from_values, merge_rule, resolve, resolve_data, typed
 from moejax.config.run import RunConfig
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
   "merge_rule",
   "preset_base",
   "resolve",
+  "resolve_data",
   "section_defaults",
   "typed",
   "warnings",

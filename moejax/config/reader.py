@@ -90,6 +90,15 @@ def typed(c: ml_collections.ConfigDict) -> RunConfig:
   )
 
 
+def resolve_data(c: ml_collections.ConfigDict) -> DataConfig:
+  """The `data` section alone, its keys checked (`moejax.prepare` reads only it: a config
+  file for it may hold nothing else)."""
+  if "data" not in c:
+    raise UserError("the config has no data section; see docs/data.md for its keys")
+  checks.check_keys(c.data, base_config().data, "data.")
+  return _section(DataConfig, c.data, "data")
+
+
 def resolve(c: ml_collections.ConfigDict) -> RunConfig:
   """The RunConfig of a config, or a one-line UserError naming the first bad key."""
   rc = typed(c)
