@@ -88,7 +88,7 @@ def world(tmp_path_factory):
   out = str(root / "prepared")
   manifest = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   config = root / "light.py"
-  config.write_text(LIGHT_CONFIG.format(data=c.to_dict()))
+  config.write_text(LIGHT_CONFIG.format(data=dataclasses.asdict(as_data(c))))
   return {"root": root, "c": c, "out": out, "manifest": manifest, "config": str(config)}
 
 
