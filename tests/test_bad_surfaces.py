@@ -11,6 +11,7 @@ checks, what a corrected rerun does, the record a read-time error names).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import os
