@@ -31,10 +31,8 @@ from __future__ import annotations
 import functools
 import sys
 
-
-
 from moejax import aot, sharding
-from moejax.config import RunConfig
+from moejax.config import RunConfig, table
 from moejax.errors import UserError
 from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
   count_groups,
@@ -43,7 +41,6 @@ from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet
   nominal_vocab,
   worksheet,
 )
-from moejax.config import table
 from moejax.validate import validate
 
 

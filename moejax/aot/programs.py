@@ -23,8 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 from moejax import build, compat, sharding
 from moejax.aot import cache, custom_calls, loops, memory
-from moejax.config import RunConfig, sections
 from moejax.aot.targets import Target
+from moejax.config import RunConfig, sections
 from moejax.errors import UserError
 from moejax.kernels import dispatch
 from moejax.kgrid.forward import CellForward

@@ -30,6 +30,7 @@ from moejax.nn.losses import LossConfig
 from moejax.nn.model import ModelConfig
 from moejax.nn.moe import MoEConfig
 
+
 def _section(cls, node: ml_collections.ConfigDict, name: str, read_elsewhere=(), **overrides):
   """A section's dataclass from its keys of the same names, plus `overrides`; any other key
   of the section must be in `read_elsewhere` (a key no field takes would be dropped)."""

@@ -29,8 +29,8 @@ import numpy as np
 
 from moejax import runio
 from moejax.data import outdir, pipeline, scan, shards, stream
-from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, Tokenizer, build_tokenizer
 from moejax.data.config import DataConfig
+from moejax.data.tokenizer import EOS_TOKEN, BPETokenizer, Tokenizer, build_tokenizer
 from moejax.errors import UserError
 
 PART_BYTES = 64_000_000  # source text per part (one train and one held-out shard each)

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from moejax import runio
 from moejax.data import shards
+from moejax.data.config import DataConfig
 from moejax.data.corpora import CorpusInfo
 from moejax.data.tokenizer import (
   BPETokenizer,
@@ -21,7 +22,6 @@ from moejax.data.tokenizer import (
   TiktokenTokenizer,
   Tokenizer,
 )
-from moejax.data.config import DataConfig
 from moejax.errors import UserError
 
 # The data.* keys that decide a prepared corpus's contents, by when they matter; the manifest

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from lm_eval import evaluator
 
-from moejax import distributed, runio
+from moejax import distributed
 from moejax.config import RunConfig
 from moejax.downstream import report, scoring
 from moejax.downstream import tasks as tasks_lib
@@ -29,7 +29,7 @@ from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import gain as gain_lib
 from moejax.kgrid.forward import CellForward
 from moejax.kgrid.loading import load_config
-from moejax.training.tracking import wandb_dir, wandb_mode
+from moejax.training import tracking
 
 
 def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
@@ -123,17 +123,11 @@ def run_task_grid(
 
 def _log_wandb(workdir: str, rc: RunConfig, task: str, rows: list[dict]) -> None:
   """The task's table into the training run's wandb (same run id), as the loss grid does."""
-  id_path = runio.path(workdir, "wandb_run_id")
-  w = rc.wandb
-  mode = wandb_mode(w.mode)
-  if mode == "disabled" or not id_path.exists():
+  run = tracking.resume_run(workdir, rc.wandb)
+  if run is None:
     return
   import wandb  # pylint: disable=import-outside-toplevel  (allow-listed: tests/test_imports.py)
 
-  run = wandb.init(
-    project=w.project, entity=w.entity or None, dir=wandb_dir(workdir),
-    id=runio.read_text(id_path).strip(), resume="allow", mode=mode,
-  )  # fmt: skip
   cols = [k for k in ROW_KEYS if k != "delta_ci95"] + ["delta_lo", "delta_hi"]
   data = [[dict(r, k2=str(r["k2"]), delta_lo=r["delta_ci95"][0], delta_hi=r["delta_ci95"][1])[k]
            for k in cols] for r in rows]  # fmt: skip

@@ -17,8 +17,8 @@ import random
 from typing import NamedTuple
 
 from moejax import runio
-from moejax.data.corpora import load_corpus
 from moejax.data.config import DataConfig
+from moejax.data.corpora import load_corpus
 from moejax.data.pipeline import heldout_mask
 from moejax.errors import UserError
 

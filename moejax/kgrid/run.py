@@ -26,8 +26,7 @@ from moejax.kgrid import report
 from moejax.kgrid import rows as rows_lib
 from moejax.kgrid.forward import CellForward, CellResult
 from moejax.kgrid.loading import load_config, load_run
-from moejax.training import tensorboard
-from moejax.training.tracking import wandb_dir, wandb_mode
+from moejax.training import tensorboard, tracking
 
 
 def _batches(windows_NxL1: np.ndarray, batch_size: int) -> list[np.ndarray]:
@@ -192,21 +191,11 @@ WANDB_COLUMNS = (
 
 def _log_wandb(workdir: str, rc: RunConfig, rows: list[dict], png: str) -> None:
   """Adds the grid to the training run's wandb (same run id) when wandb is on."""
-  id_path = runio.path(workdir, "wandb_run_id")
-  w = rc.wandb
-  mode = wandb_mode(w.mode)
-  if mode == "disabled" or not id_path.exists():
+  run = tracking.resume_run(workdir, rc.wandb)
+  if run is None:
     return
   import wandb  # pylint: disable=import-outside-toplevel  (allow-listed: tests/test_imports.py)
 
-  run = wandb.init(
-    project=w.project,
-    entity=w.entity or None,
-    dir=wandb_dir(workdir),
-    id=runio.read_text(id_path).strip(),
-    resume="allow",
-    mode=mode,
-  )
   data = []
   for r in rows:
     flat = dict(r, k2=str(r["k2"]), delta_lo=r["delta_ci95"][0], delta_hi=r["delta_ci95"][1])

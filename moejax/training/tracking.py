@@ -52,6 +52,26 @@ def wandb_mode(mode: str) -> str:
     return "offline"
 
 
+def resume_run(workdir: str, w):
+  """The training run's wandb run (`DIR/wandb_run_id`) reopened, to add evaluation results
+  to it (the k-grid, the task grids); None when wandb is off (`w`: the run's `wandb`
+  section) or the run never logged to wandb."""
+  id_path = runio.path(workdir, "wandb_run_id")
+  mode = wandb_mode(w.mode)
+  if mode == "disabled" or not id_path.exists():
+    return None
+  import wandb  # pylint: disable=import-outside-toplevel
+
+  return wandb.init(
+    project=w.project,
+    entity=w.entity or None,
+    dir=wandb_dir(workdir),
+    id=runio.read_text(id_path).strip(),
+    resume="allow",
+    mode=mode,
+  )
+
+
 def wandb_dir(workdir: str) -> str:
   """Where wandb keeps its files: the workdir, or a local folder for a remote (gs://) one."""
   if not runio.is_remote(workdir):

@@ -13,8 +13,8 @@ import json
 import os
 import tempfile
 
-from moejax import distributed, runio
 from moejax import config as config_lib
+from moejax import distributed, runio
 from moejax.config import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
