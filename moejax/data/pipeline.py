@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 ONE_SHARD = Shard()  # a single process loads every row
 
 
-
 def heldout_mask(docs: Sequence[str], holdout_fraction: float, split_seed: int = 0) -> np.ndarray:
   """bool[n_docs]: held out iff a keyed hash of the doc's content falls under the fraction.
 
