@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moejax.config.sections import TrainConfig
 from moejax.training import checkpoint, loop
 
 
@@ -55,7 +56,7 @@ def run(events: list, end: int, stop_at: int | None = None) -> loop.LoopResult:
     return state + 1, {"loss": jnp.float32(1.0), "nonfinite": jnp.int32(0)}
 
   setup = loop.LoopSetup(
-    config=loop.LoopConfig(
+    config=TrainConfig(
       log_every=100, eval_every=100, ckpt_every=2, on_nonfinite="stop", max_skips=0
     ),
     step_fn=step_fn,

@@ -149,7 +149,7 @@ if {trace}:
 else:
   sys.exit(0)
 x, e, w = jnp.ones((8, 4)), jnp.zeros((8, 2), jnp.int32), jnp.ones((8, 2))
-ex = dsp.ExpertWeights(jnp.ones((2, 4, 4)), jnp.ones((2, 4, 4)), jnp.ones((2, 4, 4)))
+ex = dsp.ExpertWeights(jnp.ones((2, 4, 8)), jnp.ones((2, 4, 4)))
 y = jax.eval_shape(lambda *a: dsp.dropless(*a), x, e, w, ex)  # auto: every platform's branch
 print("traced:", loaded(), y.shape)
 for impl in ("tokamax", "native"):

@@ -328,7 +328,7 @@ def test_without_the_library_auto_falls_back_to_fused_and_native_is_one_user_err
     "from moejax.errors import UserError\n"
     "from moejax.kernels import dispatch as d\n"
     "x, e, w = jnp.ones((4, 8)), jnp.zeros((4, 2), jnp.int32), jnp.ones((4, 2))\n"
-    "ex = d.ExpertWeights(jnp.ones((2, 8, 4)), jnp.ones((2, 8, 4)), jnp.ones((2, 4, 8)))\n"
+    "ex = d.ExpertWeights(jnp.ones((2, 8, 8)), jnp.ones((2, 4, 8)))\n"
     "print(d.resolve_impl('auto', 'dropless', 'cpu'), d.dropless(x, e, w, ex).shape)\n"
     "for f in (lambda: d.check_runnable('native'), lambda: d.dropless(x, e, w, ex, impl='native')):\n"
     "  try:\n"

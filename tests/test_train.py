@@ -367,7 +367,7 @@ def test_a_split_gate_up_checkpoint_is_converted_and_resumes_bitwise(resume_runs
   assert runstate.restore_params(old, params).keys() == at_n.keys()
   for path, a in runstate.restore_params(old, params).items():
     np.testing.assert_array_equal(a, at_n[path], err_msg=str(path))
-  trainer.train(resume_runs["config"], old, **QUIET)
+  trainer.train(as_run(resume_runs["config"]), old, **QUIET)
   _, state_a, data_a = restore(old, run.state)
   _, state_b, data_b = restore(resume_runs["whole"], run.state)
   for name in ("params", "opt_state", "router"):
