@@ -48,19 +48,19 @@ SCRIPT = textwrap.dedent(r'''
             # gradients into O(lr) parameter differences; a large eps keeps the comparison
             # at the gradients' precision.
             "optim.eps": 1e-3}
-    return override(config_lib.base_config(), {**base, **values})
+    return config_lib.resolve(override(config_lib.base_config(), {**base, **values}))
 
   def two_steps(c):
     """2 steps on the mesh of c (as trainer.train jits them) and on one device, unsharded."""
     run = trainer.build(c, None)
-    tx, schedule = optim.optimizer(c)
+    tx, schedule = optim.optimizer(c.optim, c.train.steps)
     tokens = np.asarray(next(run.data.train_iterator())["tokens"])
     host_state = jax.device_get(run.state)
     out = {"mesh": dict(run.mesh.shape)}
 
     # Sharded, exactly as trainer.train runs it.
     shardings = sharding.state_sharding(run.state, run.mesh)
-    lc = as_run(c).with_shards(sharding.data_shards(run.mesh)).loss
+    lc = c.with_shards(sharding.data_shards(run.mesh)).loss
     fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, lc, schedule), donate_argnums=0,
                  out_shardings=(shardings, None))
     batch = jax.device_put(tokens, sharding.batch_sharding(run.mesh))
@@ -81,7 +81,7 @@ SCRIPT = textwrap.dedent(r'''
 
     # One device, no shardings.
     dev0 = jax.devices()[0]
-    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, as_run(c).loss,
+    ref_fn = jax.jit(step_lib.make_train_step(run.graphdef, tx, c.loss,
                                             schedule))
     ref = jax.device_put(host_state, dev0)
     ref_batch = jax.device_put(tokens, dev0)
