@@ -122,7 +122,7 @@ def test_tiktoken_named_encoding_takes_the_librarys_regex_and_special_tokens(
     assert [t.tolist() for t in tok.encode_batch(TEXTS)] == ref.encode_ordinary_batch(TEXTS)
 
 
-def in_memory_cfg(spec: str, **kw) -> ml_collections.ConfigDict:
+def in_memory_cfg(spec: str, **kw) -> DataConfig:
   base = dict(corpus="synthetic", synthetic_docs=60, tokenizer=spec, seq_len=16, batch_size=2)
   return as_data(ml_collections.ConfigDict({**base, "holdout_fraction": 0.2, **kw}))
 
@@ -186,7 +186,7 @@ def one_line(fn, *needles):
 
 def test_bad_tokenizer_specs_and_files_are_one_line(tmp_path, sp_model):
   def check(spec):
-    return lambda: DataConfig(**in_memory_cfg(spec).to_dict())
+    return lambda: in_memory_cfg(spec)
 
   one_line(check("spm:x.model"), "data.tokenizer", "sp:PATH", "tiktoken:PATH")
   one_line(check(f"sp:{tmp_path}/none.model"), "none.model", "no such file")
