@@ -156,3 +156,28 @@ def kill_when(proc: subprocess.Popen, condition, timeout: float = 300, poll_s: f
   proc.kill()
   _, err = proc.communicate()
   pytest.fail(f"exited {proc.returncode} before the kill condition held:\n{err[-3000:]}")
+
+
+class Killed(Exception):
+  """A prepare killed mid-corpus (`kill_at_fourth_shard`)."""
+
+
+def kill_at_fourth_shard(monkeypatch):
+  """Patches the shard writer to raise Killed at the 4th shard (part 0's two written, then
+  one of part 1's). Returns (the names written, `record`): `record()` patches it again for
+  the rerun, which appends every shard it writes to the same list."""
+  from moejax.data import shards  # pylint: disable=import-outside-toplevel
+
+  real, written = shards.write_shard, []
+
+  def dies_at_the_fourth(directory, name, w):
+    if len(written) == 3:
+      raise Killed(name)
+    written.append(name)
+    return real(directory, name, w)
+
+  def record():
+    monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
+
+  monkeypatch.setattr(shards, "write_shard", dies_at_the_fourth)
+  return written, record

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from failure_helpers import Killed, kill_at_fourth_shard
 from runconfig import as_data
 from tiers import FULL
 
@@ -295,29 +296,17 @@ def test_prepare_cli_refuses_a_bad_corpus_in_one_line_and_writes_nothing(tmp_pat
   assert not out.exists() or not os.listdir(out)
 
 
-class Killed(Exception):
-  pass
-
-
 def test_a_killed_parquet_prepare_resumes_from_its_last_finished_part(
   formats, prepared, tmp_path, monkeypatch
 ):
   """As tests/test_prepare.py's killed prepare, on the Parquet reader: the rerun keeps the
   finished part's shards and ends with the uninterrupted prepare's shards."""
   c, out = files_cfg(formats["parquet"]), str(tmp_path / "out")
-  real, written = shards.write_shard, []
-
-  def dies_at_the_fourth(directory, name, w):
-    if len(written) == 3:
-      raise Killed(name)
-    written.append(name)
-    return real(directory, name, w)
-
-  monkeypatch.setattr(shards, "write_shard", dies_at_the_fourth)
+  written, record = kill_at_fourth_shard(monkeypatch)
   with pytest.raises(Killed):
     prepare_lib.prepare(as_data(c), out, part_bytes=8_000, **QUIET)
   done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in written[:2]}  # part 0
-  monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
+  record()
   manifest = prepare_lib.prepare(as_data(c), out, part_bytes=8_000, **QUIET)
   assert written[3:] and "train-00000.array_record" not in written[3:]
   assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in done} == done

@@ -18,9 +18,11 @@ import yaml
 from failure_helpers import (  # fast_compiles: autouse for this module
   REPO,
   TINY,
+  Killed,
   assert_trees_equal,
   cli_args,
   fast_compiles,  # noqa: F401
+  kill_at_fourth_shard,
   kill_when,
   metric_rows,
   override,
@@ -269,29 +271,17 @@ def test_kill_9_on_the_prepared_path_then_rerun_matches(prepared, tmp_path):
 # ---------------------------------------------------------------- a killed prepare
 
 
-class Killed(Exception):
-  pass
-
-
 def test_a_killed_prepare_finishes_without_redoing_finished_shards(prepared, tmp_path, monkeypatch):
   c, ref_out, ref = prepared
   out = str(tmp_path / "out")
-  real, written = shards.write_shard, []
-
-  def dies_at_the_fourth(directory, name, w):
-    if len(written) == 3:
-      raise Killed(name)
-    written.append(name)
-    return real(directory, name, w)
-
-  monkeypatch.setattr(shards, "write_shard", dies_at_the_fourth)
+  written, record = kill_at_fourth_shard(monkeypatch)
   with pytest.raises(Killed):
     prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   assert not os.path.exists(os.path.join(out, shards.MANIFEST))
   with pytest.raises(UserError, match="no manifest.json"):
     make_data(as_data(with_(c, prepared=out)), seed=0, workdir=None)
   done = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in written[:2]}  # part 0
-  monkeypatch.setattr(shards, "write_shard", lambda *a: written.append(a[1]) or real(*a))
+  record()
   manifest = prepare_lib.prepare(as_data(c), out, part_bytes=PART, **QUIET)
   assert written[3:] and "train-00000.array_record" not in written[3:]
   assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in done} == done
