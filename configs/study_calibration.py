@@ -24,18 +24,30 @@ compute, each block rematerialized, splash attention, FSDP over 16 chips, megabl
 FSDP over the 8 GPUs, tokamax's grouped matmuls and flash attention (`impl=tokamax`,
 `attention=tokamax`: no while loop in the compiled step), no remat: 25.15 of 59.33 GiB per
 GPU by XLA:GPU's memory analysis of a deviceless compile (`describe --gpu h100:8`).
+
+`get_config("device")` is the study at accelerator scale in one short call on one H100 or
+H200 (`experiments/calibration/device_study.py`): the shape whose tokens/s the device
+benchmark measured on one H200 (`benchmarks/accelerator.py`'s defaults: d_model 1024, 4
+layers, 16/4 heads, E = 64 experts of width 256, K = 8, every layer MoE, 16 × 1024 tokens per
+step, bf16, `impl=auto` (tokamax on CUDA) and tokamax attention (its Mosaic GPU flash kernel
+on sm90)): 212M non-embedding parameters, 63× the CPU preset's 3.38M (`describe`). The
+corpus is the CPU preset's byte-level stdlib (a larger held-out share, `_device`); 600 steps
+are 9.8M tokens, under one epoch of the stdlib's ~11.5M training bytes and 8× the CPU
+preset's tokens per run. Byte, not BPE: no tokenizer to fit inside the call, the CPU study's
+tokenizer (so both sides are in nats per byte), and BPE would shrink a corpus that already
+holds under one epoch per run by about 3×.
 """
 
 import ml_collections
 
 from moejax import config as config_lib
 
-PRESETS = ("cpu", "tpu", "gpu")
+PRESETS = ("cpu", "tpu", "gpu", "device")
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
   if preset not in PRESETS:
-    raise ValueError(f"study_calibration: preset={preset!r} is unknown; use one of cpu, tpu, gpu")
+    raise ValueError(f"study_calibration: preset={preset!r} is unknown; use one of {PRESETS}")
   c = config_lib.base_config()
   c.model.update(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=512)
   c.model.moe.update(rule="qwen3_moe", n_experts=64, top_k=8, d_expert=32, dispatch="dropless")
@@ -69,4 +81,26 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
     c.model.update(attention="tokamax", remat="none")
     c.model.moe.update(impl="tokamax")
     c.mesh.update(data=-1, fsdp=8)
+  if preset == "device":
+    _device(c)
   return c
+
+
+def _device(c: ml_collections.ConfigDict) -> None:
+  """One H100 or H200 (module docstring). The grid: k1 in {8, 4, 2, 1} (the default) x k2 in
+  {native, k1, K, E} plus `sqrt` and `gain`, on 256 held-out sequences of 1,024 bytes (the CPU
+  preset's count of sequences, 8x its tokens) and 64 disjoint calibration sequences for `gain`.
+  The held-out documents are 5% (the CPU preset's 2% leaves 69 windows of 1,025 bytes on
+  Python 3.11's stdlib, too few; 5% gives 373 there and 666 on 3.13; the split is by document
+  content, so the CPU preset's held-out documents stay held out here). Checkpoints only at the
+  end (the grid reads it; device_study.py deletes it); no wandb (no network on the device)."""
+  c.model.update(d_model=1024, n_layers=4, n_heads=16, n_kv_heads=4, d_ff=4096)
+  c.model.update(dtype="bfloat16", remat="none", attention="tokamax")
+  c.model.moe.update(d_expert=256, impl="auto")
+  c.data.update(batch_size=16, seq_len=1024, holdout_fraction=0.05)
+  steps = 600
+  c.train.update(steps=steps, log_every=25, eval_every=steps, ckpt_every=steps)
+  c.train.update(keep_checkpoints=1, progress=False)
+  c.optim.update(lr=1e-3, warmup_steps=steps // 10)
+  c.eval.update(sequences=256, gain_sequences=64, batch_size=16, k2="native,k1,K,E,sqrt,gain")
+  c.wandb.update(mode="disabled")
