@@ -13,7 +13,11 @@ each `model.n_layers` (the ratio of the two). Each compile takes the target's XL
 (`moejax.compile_options`, as `describe` and the precheck compile); `--xla-defaults` drops
 them. `--hlo-stats` (with `--gpu`) adds what each compiled step does per step, read from its
 optimized HLO (kernels launched, while loops, dynamic-update-slice fusions, elementwise
-fusions' bytes, zero fills: `hlo_stats.py`). Writes
+fusions' bytes, zero fills: `hlo_stats.py`). `--grid-forward` also traces, lowers and compiles
+the k-grid's forward (`programs.grid_forward`, one k1 with an integer k2, as `moejax.evaluate`
+runs it on one device) and prints its seconds against the train step's lower + compile: the
+ratio `experiments/calibration/device_plan.py` scales the device's measured train-step compile
+by. Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """
@@ -72,6 +76,11 @@ def main() -> None:
     action="store_true",
     help="compile without moejax's XLA options for the target (moejax.compile_options)",
   )
+  p.add_argument(
+    "--grid-forward",
+    action="store_true",
+    help="also compile the k-grid's forward on one device (its seconds over the train step's)",
+  )
   p.add_argument("--result", default="", help="benchmarks/results/<NAME>.json")
   args = p.parse_args()
   if args.hlo_stats and not args.gpu:
@@ -127,6 +136,18 @@ def measure(c, target, args) -> dict:
     "compile_s": compile_wall, "temporaries_GiB": ma.temp_size_in_bytes / 2**30,
     "arguments_GiB": ma.argument_size_in_bytes / 2**30,
   }  # fmt: skip
+  if args.grid_forward:
+    fwd, fwd_cpu, fwd_wall = _timed(lambda: programs.grid_forward(resolve(c), target))
+    fwd_temp = fwd.memory_analysis().temp_size_in_bytes / 2**30
+    ratio = fwd_wall / (lower_wall + compile_wall)
+    print(f"  grid forward (trace, lower, compile): {fwd_cpu:6.1f} CPU-s {fwd_wall:6.1f} s, ")
+    print(f"    {ratio:.3f} of the train step's lower + compile; temporaries {fwd_temp:.3f} GiB")
+    row.update(
+      grid_forward_cpu_s=fwd_cpu,
+      grid_forward_s=fwd_wall,
+      grid_forward_temporaries_GiB=fwd_temp,
+      grid_forward_over_train_step=ratio,
+    )
   if args.hlo_stats:
     per_step = hlo_stats.stats(compiled.as_text())._asdict()
     print("  per step: " + ", ".join(f"{k} {v:,.0f}" for k, v in per_step.items()))

@@ -3,7 +3,9 @@
     python experiments/calibration/report.py [--results DIR] [--out DIR]
 
 Every number in the README is computed here from `runs/<run>/{config.json, metrics.jsonl,
-eval/**/k_grid.jsonl}`; runs not finished yet are listed as missing, never estimated.
+eval/**/k_grid.jsonl}`; runs not finished yet are listed as missing, never estimated. Where
+`device/plan.json` exists (a device call's files, `device_study.py`), the section "At
+accelerator scale" is added from `device/` (`device_report.py`); without it, no section.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import accuracy
+import device_report
 import elastic
 import figures
 import hypotheses
@@ -67,7 +70,11 @@ def elastic_study(runs: dict[str, res.RunResult]) -> elastic.Study:
   )
 
 
-def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
+def build(
+  results_dir: pathlib.Path,
+  out_dir: pathlib.Path,
+  device_dir: pathlib.Path = device_report.DEVICE_DIR,
+) -> str:
   sweep = sweep_file.get_sweep()
   runs = res.load_all(results_dir, sweep.runs)
   fig_dir = out_dir / "figures"
@@ -84,6 +91,9 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
     scale.statements(runs),
     accuracy.statements(runs),
   ]
+  device = device_report.section(device_dir, results_dir)  # "" until a device call returned
+  if device:
+    parts.append(device)
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
     figures.delta_vs_gain(list(runs.values()), fig_dir / "delta_vs_gain.png")
@@ -132,8 +142,11 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--results", type=pathlib.Path, default=HERE / "runs")
   p.add_argument("--out", type=pathlib.Path, default=HERE)
+  p.add_argument(
+    "--device", type=pathlib.Path, default=device_report.DEVICE_DIR, help="device_study.py's files"
+  )
   a = p.parse_args(argv)
-  build(a.results, a.out)
+  build(a.results, a.out, a.device)
   print(f"wrote {a.out / 'README.md'}")
   return 0
 
