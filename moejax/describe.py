@@ -29,6 +29,7 @@ conventions are reported (see `CONVENTIONS`).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 from moejax import aot, sharding
@@ -169,6 +170,18 @@ def keys_section(argv: list[str]) -> str | None:
   return None
 
 
+def host_backend_cpu() -> None:
+  """The deviceless compiles run on a CPU host backend (`moejax.aot`), as `launch.sweep`'s
+  precheck sets: without it, JAX's CUDA plugin (the cuda extra) initializes its backend by
+  calling cuInit, which fails on a host without a GPU driver (error 303) and leaves the
+  plugin unregistered, so `--gpu` was refused ("topology not implemented for cuda"). An
+  explicit JAX_PLATFORMS is left as it is."""
+  if "JAX_PLATFORMS" not in os.environ:
+    import jax  # pylint: disable=import-outside-toplevel
+
+    jax.config.update("jax_platforms", "cpu")
+
+
 def main(argv: list[str]) -> int:
   section = keys_section(argv[1:])
   if section is not None:  # the keys' table needs no config
@@ -195,6 +208,8 @@ def main(argv: list[str]) -> int:
   cli.parse_flags(argv, config, example="configs/full/mixtral.py")
   rc = validate(config.value)
   targets = (topology.value, gpu.value, fit_family.value)
+  if any(targets):
+    host_backend_cpu()
   where = resolve_target(*targets) if any(targets) else None
   vocab, note = nominal_vocab(rc)
   ws = worksheet(rc.with_vocab(vocab))
