@@ -15,9 +15,9 @@ them. `--hlo-stats` (with `--gpu`) adds what each compiled step does per step, r
 optimized HLO (kernels launched, while loops, dynamic-update-slice fusions, elementwise
 fusions' bytes, zero fills: `hlo_stats.py`). `--grid-forward` also traces, lowers and compiles
 the k-grid's forward (`programs.grid_forward`, one k1 with an integer k2, as `moejax.evaluate`
-runs it on one device) and prints its seconds against the train step's lower + compile: the
-ratio `experiments/calibration/device_plan.py` scales the device's measured train-step compile
-by. Writes
+runs it on one device) and prints its CPU seconds against the train step's lower + compile:
+the ratio `experiments/calibration/device_plan.py` scales the device's measured train-step
+compile by. Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """
@@ -139,7 +139,7 @@ def measure(c, target, args) -> dict:
   if args.grid_forward:
     fwd, fwd_cpu, fwd_wall = _timed(lambda: programs.grid_forward(resolve(c), target))
     fwd_temp = fwd.memory_analysis().temp_size_in_bytes / 2**30
-    ratio = fwd_wall / (lower_wall + compile_wall)
+    ratio = fwd_cpu / (lower_cpu + compile_cpu)  # CPU-s: steadier than wall on a shared host
     print(f"  grid forward (trace, lower, compile): {fwd_cpu:6.1f} CPU-s {fwd_wall:6.1f} s, ")
     print(f"    {ratio:.3f} of the train step's lower + compile; temporaries {fwd_temp:.3f} GiB")
     row.update(

@@ -140,9 +140,7 @@ def test_cli_gpu_target_and_bad_flags_are_one_line():
     assert "GPU compiler (XLA:GPU): memory_analysis()" in out.stdout
   else:  # refused before the worksheet: exactly how to install the compiler
     assert out.returncode == 2 and out.stdout == "", out.stdout
-    want = (
-      'error: --gpu h100:8 needs the cuda extra (jax\'s CUDA plugin, the GPU compiler): pip install -e ".[cuda]"'
-    )
+    want = 'error: --gpu h100:8 needs the cuda extra (jax\'s CUDA plugin, the GPU compiler): pip install -e ".[cuda]"'
     assert out.stderr.strip() == want
   for args, text in (
     (("--gpu", "h100"), "--gpu h100 is not allowed"),
@@ -152,6 +150,20 @@ def test_cli_gpu_target_and_bad_flags_are_one_line():
     bad = _describe(*args)
     assert bad.returncode == 2 and bad.stderr.startswith("error: "), (args, bad.stderr)
     assert text in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_deviceless_targets_put_the_host_backend_on_cpu():
+  """Without JAX_PLATFORMS, `describe --gpu` compiled on a host without a GPU driver failed:
+  the CUDA plugin's backend called cuInit (error 303) and was left unregistered, so the
+  target was refused. describe now puts the host backend on the CPU, as launch.sweep does;
+  an explicit JAX_PLATFORMS is kept."""
+  code = "from moejax import describe; describe.host_backend_cpu(); import jax; print(jax.config.jax_platforms)"
+  bare = {k: v for k, v in ENV.items() if k != "JAX_PLATFORMS"}
+  for env, want in ((bare, "cpu"), ({**bare, "JAX_PLATFORMS": "tpu,cpu"}, "tpu,cpu")):
+    out = subprocess.run(
+      [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and out.stdout.strip() == want, out.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
