@@ -200,10 +200,15 @@ def pack(results: pathlib.Path, out: pathlib.Path, state: dict) -> None:
 
 
 def expected_s(arm: dict, state: dict) -> float:
-  """The seconds this arm is expected to take: the last measured arm of its rule, else the
-  plan's figure."""
-  done = [a for a in state["arms"] if a["rule"] == arm["rule"] and a.get("measured_s")]
-  return done[-1]["measured_s"] if done else arm["planned_s"]
+  """The seconds this arm is expected to take: the last measured arm of its rule (a later
+  seed: its programs come from the compile cache); for a rule's first arm, the measured first
+  arm of another rule (the same shape, as many programs to compile); else the plan's."""
+  ran = [a for a in state["arms"] if a.get("measured_s") and a["status"] == device_report.DONE]
+  same = [a for a in ran if a["rule"] == arm["rule"]]
+  if same:
+    return same[-1]["measured_s"]
+  cold = [a for a in ran if a["seed"] == arm["seed"] == 0]
+  return cold[0]["measured_s"] if cold else arm["planned_s"]
 
 
 def run(args) -> int:
