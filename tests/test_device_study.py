@@ -161,7 +161,7 @@ def _study(tmp_path, out: str, budget: float) -> subprocess.CompletedProcess:
   argv += ["--scratch", str(tmp_path / "scratch"), "--budget-s", str(budget), "--seeds", "2"]
   argv += [f"--set={s}" for s in TINY]
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-  return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500, check=False)
+  return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3000, check=False)
 
 
 def _cells(path: pathlib.Path) -> dict:
