@@ -1,6 +1,6 @@
 """Writes experiments/calibration/README.md and figures/ from the committed run results.
 
-    python experiments/calibration/report.py [--results DIR] [--out DIR]
+    python experiments/calibration/report.py [--results DIR] [--out DIR] [--retrained DIR]
 
 Every number in the README is computed here from `runs/<run>/{config.json, metrics.jsonl,
 eval/**/k_grid.jsonl}`; runs not finished yet are listed as missing, never estimated.
@@ -20,6 +20,7 @@ import elastic
 import figures
 import hypotheses
 import results as res
+import retrained
 import scale
 import sweep as sweep_file
 import tables
@@ -67,7 +68,9 @@ def elastic_study(runs: dict[str, res.RunResult]) -> elastic.Study:
   )
 
 
-def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
+def build(
+  results_dir: pathlib.Path, out_dir: pathlib.Path, retrained_dir: pathlib.Path | None = None
+) -> str:
   sweep = sweep_file.get_sweep()
   runs = res.load_all(results_dir, sweep.runs)
   fig_dir = out_dir / "figures"
@@ -84,6 +87,9 @@ def build(results_dir: pathlib.Path, out_dir: pathlib.Path) -> str:
     scale.statements(runs),
     accuracy.statements(runs),
   ]
+  core_runs = {rule: group(runs, factor="A", rule=rule) for rule in sweep_file.CORE_RULES}
+  if retrained_dir is not None and retrained_dir.is_dir():
+    parts.append(retrained.statements(core_runs, retrained_dir))
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
     figures.delta_vs_gain(list(runs.values()), fig_dir / "delta_vs_gain.png")
@@ -132,8 +138,12 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--results", type=pathlib.Path, default=HERE / "runs")
   p.add_argument("--out", type=pathlib.Path, default=HERE)
+  p.add_argument(
+    "--retrained", type=pathlib.Path, default=HERE / "runs_tasks",
+    help="factor A retrained at 10 seeds (sweep_tasks.py, tasks_grid.py)",
+  )  # fmt: skip
   a = p.parse_args(argv)
-  build(a.results, a.out)
+  build(a.results, a.out, a.retrained)
   print(f"wrote {a.out / 'README.md'}")
   return 0
 

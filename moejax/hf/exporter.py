@@ -85,6 +85,24 @@ def copy_tokenizer(rc: RunConfig, saved: dict, out: str) -> None:
   for path, name in zip(paths, names):
     if os.path.isfile(path):
       shutil.copy(path, os.path.join(out, name))
+  eos = saved.get("resolved", {}).get("data", {}).get("tokenizer", {}).get("eos_id")
+  write_tokenizer_config(out, eos)
+
+
+def write_tokenizer_config(out: str, eos_id: int | None) -> None:
+  """A tokenizer_config.json beside a tokenizer.json that came without one (a locally trained
+  BPE): transformers' fast tokenizer class and the run's EOS token by name, which
+  `AutoTokenizer` (and lm-eval's HF model, whose prefix token it is) would otherwise lack."""
+  tok_json, cfg = (os.path.join(out, n) for n in ("tokenizer.json", "tokenizer_config.json"))
+  if not os.path.isfile(tok_json) or os.path.isfile(cfg):
+    return
+  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+
+  values = {"tokenizer_class": "PreTrainedTokenizerFast"}
+  if eos_id is not None:
+    values["eos_token"] = Tokenizer.from_file(tok_json).id_to_token(int(eos_id))
+  with open(cfg, "w") as f:
+    json.dump(values, f, indent=2)
 
 
 def export_run(workdir: str, out: str, step: int | None = None, log=print) -> dict:
