@@ -62,7 +62,9 @@ def olmoe_source(root: str, task_jsonl: str) -> str:
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   alphabet = pre_tokenizers.ByteLevel.alphabet()
-  trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=["<eos>"], initial_alphabet=alphabet)
+  trainer = trainers.BpeTrainer(
+    vocab_size=4096, special_tokens=["<eos>"], initial_alphabet=alphabet
+  )
   tok.train_from_iterator(texts, trainer)
   tok.save(os.path.join(src, "tokenizer.json"))
   with open(os.path.join(src, "tokenizer_config.json"), "w") as f:
