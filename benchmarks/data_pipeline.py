@@ -295,7 +295,8 @@ def main_formats(args) -> None:
     rows += format_rows(args, mb)
     if args.gcs_mb:
       rows += gcs_rows(args, mb)
-  write_result(args.result, {"rows": rows, "tokenizer": "32k BPE (the TPU preset's)", "arms": args.arms})
+  figures = {"rows": rows, "tokenizer": "32k BPE (the TPU preset's)", "arms": args.arms}
+  write_result(args.result, figures)
 
 
 def main() -> None:

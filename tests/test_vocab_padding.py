@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -139,7 +140,7 @@ def train_unpadded(c, workdir: str, stop_at: int | None = None) -> None:
       json.dump({**c.to_dict(), "resolved": {}}, f)
   run_c = override(c, {"train.stop_at": stop_at}) if stop_at else c
   trainer.train(as_run(run_c), workdir, **QUIET)
-  saved = json.loads(open(path).read())
+  saved = json.loads(Path(path).read_text())
   assert saved["resolved"]["vocab_multiple"] == 1
   for key in ("vocab_multiple", "padded_vocab_size"):
     saved["resolved"].pop(key)
@@ -168,7 +169,7 @@ def runs(tmp_path_factory):
 def test_a_new_run_pads_and_keeps_the_padding_zero(runs):
   """Byte tokenizer (257 ids): 384 rows; after training, the padded rows and their AdamW
   moments are exactly 0 (never an input, masked logits: no gradient)."""
-  saved = json.loads(open(os.path.join(runs["new"], "config.json")).read())
+  saved = json.loads(Path(runs["new"], "config.json").read_text())
   assert saved["resolved"]["vocab_size"] == 257
   assert saved["resolved"]["vocab_multiple"] == 128
   assert saved["resolved"]["padded_vocab_size"] == 384

@@ -38,7 +38,9 @@ class ModelConfig:
   `remat` names a block rematerialization policy (`moejax.nn.remat.REMAT_POLICIES`),
   `attention` an attention implementation (`moejax.nn.attention.ATTENTION_IMPLS`)."""
 
-  vocab_size: int = key(0, "vocabulary size (0: the tokenizer's)", ge=0)
+  vocab_size: int = key(
+    0, "vocabulary size (0: the tokenizer's); the embedding pads it to a multiple of 128 rows", ge=0
+  )
   d_model: int = key(128, "residual stream width", ge=1)
   n_layers: int = key(4, "Transformer blocks", ge=1)
   n_heads: int = key(4, "query heads", ge=1)
