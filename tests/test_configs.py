@@ -175,7 +175,8 @@ def test_preset_forward_and_grads(name):
     graphdef, params, rest, tokens, jax.random.key(1), train=True
   )
   B, L = cfg.data.batch_size, cfg.data.seq_len
-  assert logits.shape == (B, L, VOCAB_SIZE)
+  assert logits.shape == (B, L, mc.padded_vocab) and mc.padded_vocab == 384  # 257, padded
+  assert (np.asarray(logits).argmax(-1) < VOCAB_SIZE).all()  # the padded ids are masked
   n_moe = sum(is_moe_layer(mc, i) for i in range(mc.n_layers))
   assert n_moe >= 1 and len(auxes) == n_moe
   assert np.isfinite(float(loss)) and abs(float(loss) - np.log(VOCAB_SIZE)) < 1.0

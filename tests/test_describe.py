@@ -102,6 +102,7 @@ def tiny(**model) -> ml_collections.ConfigDict:
 @pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 def test_groups_match_hand_formulas(scan):
   V, D, L, H, G, hd, F_dense, E, K, F, S = 11, 8, 3, 2, 1, 4, 12, 4, 2, 6, 10
+  V = 128  # the embedding's rows: model.vocab_size=11 padded to a multiple of 128
   n_moe = 2  # layers 1 and 2
   want = {
     "embeddings": V * D,
@@ -221,7 +222,8 @@ def test_trainer_records_the_worksheet():
   )
   ws = trainer.resolved_config(run)["resolved"]["worksheet"]
   assert (ws["total"], ws["active"]) == (n_params, n_active)
-  assert ws["vocab_size"] == 257 and ws["groups"]["embeddings"]["total"] == 257 * 8
+  assert ws["vocab_size"] == 257 and ws["padded_vocab"] == 384  # 257 rounded up to 128s
+  assert ws["groups"]["embeddings"]["total"] == 384 * 8  # the rows held, padding included
   json.dumps(ws)  # config.json and the wandb config take it as is
 
 

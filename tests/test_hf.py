@@ -212,6 +212,47 @@ def test_export_round_trips(imported, tokens, fam, scan, tmp_path):
   assert os.path.exists(tmp_path / "out" / "tokenizer.json")
 
 
+def test_an_unaligned_vocab_is_padded_on_import_and_exported_back(tmp_path):
+  """An HF vocab of 100 ids (not a multiple of 128) imports as 128 rows, the 28 padded ones
+  zero and masked: moejax's logits over the 100 real ids are transformers'. The export
+  writes 100 rows again, every tensor bit for bit: Δlogit 0.0."""
+  n_real = 100
+  cfg = CONFIGS["olmoe"]()
+  cfg.vocab_size = n_real
+  torch.manual_seed(0)
+  hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+  randomize(hf)
+  src, run = tmp_path / "src", tmp_path / "run"
+  hf.save_pretrained(src)
+  write_tokenizer(src)  # 97 ids
+  (tmp_path / "heldout.txt").write_text(TEXT)
+  opts = {"text": str(tmp_path / "heldout.txt"), "text_docs": "paragraph", "seq_len": 16,
+          "sequences": 8, "batch_size": 4, "holdout_fraction": 0.3, "progress": False}  # fmt: skip
+  import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
+  saved = json.loads((run / "config.json").read_text())
+  assert saved["resolved"]["vocab_size"] == n_real
+  assert saved["resolved"]["padded_vocab_size"] == 128
+  mc = workdir_lib.from_saved(saved).with_vocab(97).model
+  assert (mc.vocab_size, mc.padded_vocab) == (n_real, 128)
+  mj = runstate.load_model(str(run), mc)
+  emb = np.asarray(mj.embed.embedding[...])
+  assert emb.shape == (128, D) and emb[:n_real].any() and not emb[n_real:].any()
+  assert not np.asarray(mj.lm_head.kernel[...])[:, n_real:].any()
+  toks = np.random.default_rng(3).integers(0, n_real, size=(2, 12)).astype(np.int32)
+  got = compiled(mj)(toks)[0]
+  ref = hf_logits(hf, toks, K)
+  assert got.shape[-1] == 128 and ref.shape[-1] == n_real
+  np.testing.assert_allclose(got[..., :n_real], ref, atol=1e-4, rtol=0)
+  assert (got[..., n_real:] < -1e30).all()
+  export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
+  back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+  assert back.config.vocab_size == n_real
+  want, have = hf.state_dict(), back.state_dict()
+  assert sorted(have) == sorted(want)
+  assert all(torch.equal(have[n], want[n]) for n in want)
+  assert np.abs(hf_logits(back.eval(), toks, K) - ref).max() == 0.0
+
+
 def test_import_stacks_the_layers_it_fills(imported):
   """The scanned import is the unrolled one stacked (rows = layers, `stack.unstack`), both
   hold what the HF tensors say, and each run records its layout in config.json."""

@@ -163,19 +163,24 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   os.makedirs(workdir, exist_ok=True)
   tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
   rc = validate(config_lib.from_values(config_values(hf, fam, src, opts, tokenizer)))
-  mc = rc.model
   tok = HFTokenizer(tokenizer[3:])
-  if tok.vocab_size > mc.vocab_size:
-    raise UserError(f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {mc.vocab_size}")
+  if tok.vocab_size > rc.model.vocab_size:
+    raise UserError(
+      f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {rc.model.vocab_size}"
+    )
+  mc = rc.with_vocab(tok.vocab_size).model  # the checkpoint's vocab, its embedding padded
   by_name = plan(mc, fam, tensor_index(files), mc.tie_embeddings)
   _, state = runstate.abstract(mc)
   arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
+  tensors.zero_vocab_padding(mc, arrays)
   stream(files, by_name, arrays, progress=opts.get("progress", True))
   runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})
   n_params = build.count_params(state["params"], mc.moe).total
   out = dict(rc.tree)
   out["resolved"] = {
     "vocab_size": mc.vocab_size,
+    "vocab_multiple": mc.vocab_multiple,  # the embedding's rows: vocab_size rounded up
+    "padded_vocab_size": mc.padded_vocab,
     "n_params": n_params,
     "hf_import": {"source": os.path.abspath(src), "family": fam.name, "config": hf},
   }

@@ -89,6 +89,8 @@ def resolved_config(run: Run) -> dict:
   out = dict(rc.tree)
   out["resolved"] = {
     "vocab_size": run.data.tokenizer.vocab_size,
+    "vocab_multiple": rc.model.vocab_multiple,  # the embedding's rows: model vocab rounded up
+    "padded_vocab_size": rc.model.padded_vocab,
     "data": run.data.describe(),
     "n_params": run.n_params,
     "n_active_params": run.n_active,
@@ -156,6 +158,7 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   compile_cache.enable(rc.train.compile_cache)  # before the first compile
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, rc)
+  rc = workdir_lib.with_saved_vocab(workdir, rc)  # a run saved unpadded resumes unpadded
   run = build(rc, workdir, mesh)
   rc, t, d = run.config, rc.train, rc.data
   batch_sharding = sharding.batch_sharding(run.mesh)
