@@ -26,11 +26,11 @@ def main() -> int:
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   from moejax import runio  # pylint: disable=import-outside-toplevel
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
-  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
   main_process = distributed.is_main()
   _CONFIG.value.train.progress &= main_process
-  rc = validate(_CONFIG.value)  # every key and the grid's cells, before anything is built
+  rc = resolve(_CONFIG.value)  # every key and the grid's cells, before anything is built
 
   log = print if main_process else (lambda *a, **k: None)
   try:

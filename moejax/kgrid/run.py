@@ -16,7 +16,8 @@ import os
 import numpy as np
 
 from moejax import distributed, runio
-from moejax.config import RunConfig
+from moejax.config import grid_labels
+from moejax.config.run import RunConfig
 from moejax.data import corpora
 from moejax.data.config import DataConfig
 from moejax.errors import UserError
@@ -87,8 +88,8 @@ def run_grid(
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
   ev, rule = rc.eval, rc.rule
   K, E = rc.moe.top_k, rc.moe.n_experts
-  k1s = cells_lib.parse_k1(k1 or ev.k1, K, E)  # arguments win over the run's eval.k1/k2
-  labels = cells_lib.parse_k2(k2 or ev.k2, K, E, k1s)
+  k1s = grid_labels.parse_k1(k1 or ev.k1, K, E)  # arguments win over the run's eval.k1/k2
+  labels = grid_labels.parse_k2(k2 or ev.k2, K, E, k1s)
   cells, notes = cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
   run = load_run(workdir, rc, step)
   fitted = cells_lib.calibrated(labels)
@@ -103,7 +104,7 @@ def run_grid(
   )
   fwd = CellForward(run.graphdef, run.params, run.router, run.n_moe_layers)
   results, scales = _run_cells(fwd, cells, batches, _batches(calib, bs), K, run.n_moe_layers)
-  ref = results[(K, cells_lib.NATIVE)]
+  ref = results[(K, grid_labels.NATIVE)]
   resamples = resamples or ev.bootstrap_resamples
   heldout = heldout_info(rc.data, len(evaluated), len(run.heldout_NxL1))
   rows = [

@@ -13,9 +13,9 @@ import json
 import os
 import tempfile
 
-from moejax import config as config_lib
 from moejax import distributed, runio
-from moejax.config import RunConfig
+from moejax.config.reader import from_values, resolve
+from moejax.config.run import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
 from moejax.training import optim, schedules
@@ -87,7 +87,7 @@ def saved_values(saved: dict) -> dict:
 
 def from_saved(saved: dict) -> RunConfig:
   """The RunConfig of an earlier run (config.json), with defaults for keys added since."""
-  return config_lib.resolve(config_lib.from_values(saved_values(saved)))
+  return resolve(from_values(saved_values(saved)))
 
 
 def saved_layout(saved: dict) -> bool:
