@@ -43,7 +43,7 @@ def main() -> int:
   if rc.eval.after_train:
     from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
 
-    run_grid(_WORKDIR.value, log=log)
+    run_grid(_WORKDIR.value, rc.eval, log=log)
     if main_process:
       print(runio.read_text(runio.path(_WORKDIR.value, "eval", "k_grid.md")))
       print(f"grid: {_WORKDIR.value}/eval/k_grid.{{jsonl,md,png}}")

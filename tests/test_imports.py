@@ -32,6 +32,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/train.py", "from moejax.kgrid.run import run_grid"): "entry point, after initialize()",
   ("moejax/evaluate.py", "from moejax import distributed, runio"): "entry point, before jax",
   ("moejax/evaluate.py", "from moejax.kgrid.run import run_grid"): "entry point, after init",
+  ("moejax/evaluate.py", "from moejax.kgrid.loading import load_config"): "entry point, after init",
   ("moejax/downstream/entry.py", "from moejax.downstream.grid import run_task_grid"): "lm-eval",
   ("moejax/downstream/grid.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/hf/__main__.py", "from moejax.hf.importer import import_checkpoint"): "torch",
