@@ -26,7 +26,10 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   # entry points: flags are parsed (and bad ones refused) before the slow jax import, and
   # jax.distributed.initialize() runs before any module that touches JAX is imported
   ("moejax/train.py", "from moejax import distributed"): "entry point, before jax",
-  ("moejax/train.py", "from moejax.config.reader import resolve"): "entry point, after initialize()",
+  (
+    "moejax/train.py",
+    "from moejax.config.reader import resolve",
+  ): "entry point, after initialize()",
   ("moejax/train.py", "from moejax import runio"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.training import trainer"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.kgrid.run import run_grid"): "entry point, after initialize()",
@@ -387,8 +390,8 @@ def test_only_the_config_package_reads_a_configdict():
     for n, line in enumerate(path.read_text().splitlines(), 1):
       if SECTION_READ.search(line):
         offenders.append(f"{rel}:{n}: {line.strip()}")
-  assert not offenders, "ConfigDict reads outside moejax/config (take the RunConfig):\n" + "\n".join(
-    offenders
+  assert not offenders, (
+    "ConfigDict reads outside moejax/config (take the RunConfig):\n" + "\n".join(offenders)
   )
 
 
@@ -400,7 +403,9 @@ def test_the_config_package_imports_nothing_but_resolves_its_names():
   import), so it imports nothing of moejax; its names (config files' `config.base_config()`)
   come from its modules on first use, each the module's own object."""
   init = REPO / "moejax" / "config" / "__init__.py"
-  assert not [i.statement for i in imports_of(init) if any(t.startswith(PACKAGE) for t in i.targets)]
+  assert not [
+    i.statement for i in imports_of(init) if any(t.startswith(PACKAGE) for t in i.targets)
+  ]
   code = (
     "import sys, moejax.config as c, moejax.config.schema\n"
     "assert 'moejax.config.reader' not in sys.modules and 'moejax.nn' not in sys.modules\n"
@@ -419,7 +424,9 @@ def test_moejax_imports_config_modules_not_the_package_names():
   moejax.config.reader import resolve`, `from moejax.config import checks`), never a name the
   package resolves on first use (`from moejax.config import RunConfig`, `config.resolve`):
   the import graph above sees the real edge, and its layers and cycles stay checked."""
-  modules = {name.rpartition(".")[2] for name in package_files() if name.startswith("moejax.config.")}
+  modules = {
+    name.rpartition(".")[2] for name in package_files() if name.startswith("moejax.config.")
+  }
   bad = []
   for path in package_files().values():
     for i in imports_of(path):
@@ -429,5 +436,7 @@ def test_moejax_imports_config_modules_not_the_package_names():
       elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
         bad += [f"{i.path}:{i.line}: {i.statement}" for a in node.names if a.name == "config"]
       elif isinstance(node, ast.Import):
-        bad += [f"{i.path}:{i.line}: {i.statement}" for a in node.names if a.name == "moejax.config"]
+        bad += [
+          f"{i.path}:{i.line}: {i.statement}" for a in node.names if a.name == "moejax.config"
+        ]
   assert not bad, "import the config module that defines the name:\n" + "\n".join(bad)
