@@ -25,7 +25,7 @@ from moejax import config as config_lib
 from moejax.nn import losses, routing
 from moejax.nn.model import ModelConfig, Transformer, is_moe_layer
 from moejax.training import workdir as workdir_lib
-from moejax.validate import validate
+from moejax.config.reader import resolve
 from runconfig import as_run
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -133,7 +133,7 @@ def test_preset_keys_rule_and_validate(name, base_keys):
   assert isinstance(cfg, ml_collections.ConfigDict)
   keys = key_paths(cfg)
   assert keys == base_keys, f"missing {sorted(base_keys - keys)}, extra {sorted(keys - base_keys)}"
-  validate(cfg)
+  resolve(cfg)
   m = cfg.model.moe
   assert m.rule == PRESET_RULES[name]
   rule = as_run(cfg).moe.merge_rule

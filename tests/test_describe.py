@@ -17,7 +17,7 @@ from tiers import FULL
 
 from moejax import build, cli, describe
 from moejax import config as config_lib
-from moejax.validate import validate
+from moejax.config.reader import resolve
 from runconfig import as_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_every_twin_is_a_complete_valid_config_extending_its_preset():
     c = cli.load_file(str(FULL_DIR / f"{name}.py"))
     preset = cli.load_file(str(ROOT / "configs" / f"{name}.py"))
     assert key_paths(c) == base, name
-    validate(c)
+    resolve(c)
     assert c.model.moe.rule == preset.model.moe.rule
     assert c.loss.to_dict() == preset.loss.to_dict()
 

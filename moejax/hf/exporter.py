@@ -17,7 +17,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors

@@ -18,12 +18,11 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from moejax import build
-from moejax import config as config_lib
 from moejax.data.tokenizer import HFTokenizer
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
-from moejax.validate import validate
+from moejax.config.reader import from_values, resolve
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -162,7 +161,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   files = shard_files(src)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
-  rc = validate(config_lib.from_values(config_values(hf, fam, src, opts, tokenizer)))
+  rc = resolve(from_values(config_values(hf, fam, src, opts, tokenizer)))
   tok = HFTokenizer(tokenizer[3:])
   if tok.vocab_size > rc.model.vocab_size:
     raise UserError(

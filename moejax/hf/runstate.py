@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from moejax import build
-from moejax.nn.model import ModelConfig, Transformer
+from moejax.nn.model import ModelConfig
 from moejax.training import checkpoint
 from moejax.training import step as step_lib
 
@@ -103,10 +103,3 @@ def restore_params(workdir: str, state: dict, step: int | None = None) -> dict[P
   """Parameter path → float32 numpy array, from the run's checkpoint."""
   flat = jax.tree_util.tree_leaves_with_path(restore(workdir, state, step)[1]["params"])
   return {param_path(p): np.asarray(leaf, np.float32) for p, leaf in flat}
-
-
-def load_model(workdir: str, mc: ModelConfig, step: int | None = None) -> Transformer:
-  """The run's Transformer with its checkpointed weights (for tests and inspection)."""
-  graphdef, state = abstract(mc)
-  restored = restore(workdir, state, step)[1]
-  return nnx.merge(graphdef, restored["params"], restored["router"])

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax import platforms
+from moejax.backend import platforms
 from moejax.errors import UserError
 from moejax.nn import elastic, remat, stack
 from moejax.nn.attention import ATTENTION_IMPLS
@@ -21,7 +21,7 @@ from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNor
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
-from moejax.schema import check_fields, key
+from moejax.config.schema import check_fields, key
 
 # A run's embedding has its vocabulary rounded up to a multiple of this many rows (MaxText's
 # and llm.c's convention: whole tiles for the head's matmul and the vocab axis's shards);

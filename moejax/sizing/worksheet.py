@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 
 from moejax import build, sharding
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.config.sections import MeshConfig
 from moejax.kernels import dispatch, plans
 from moejax.nn import routing

@@ -12,9 +12,10 @@ import optax
 from flax import nnx
 
 from moejax import build as build_lib
-from moejax import compile_options, distributed, sharding
-from moejax import config as config_lib
-from moejax.config import RunConfig
+from moejax import distributed, sharding
+from moejax.backend import compile_options
+from moejax.config import checks
+from moejax.config.run import RunConfig
 from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
 from moejax.nn import model as model_lib
@@ -188,7 +189,7 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   )
   if tracker.note:
     log(tracker.note)
-  for line in config_lib.warnings(rc):
+  for line in checks.warnings(rc):
     log(line)
   layers = moe_layers(run)
   train_step, eval_step = compile_steps(run, layers)

@@ -13,9 +13,9 @@ import json
 import os
 import tempfile
 
-from moejax import config as config_lib
 from moejax import distributed, runio
-from moejax.config import RunConfig
+from moejax.config.reader import from_values, resolve
+from moejax.config.run import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
 from moejax.nn.model import VOCAB_MULTIPLE
@@ -89,7 +89,7 @@ def saved_values(saved: dict) -> dict:
 def from_saved(saved: dict) -> RunConfig:
   """The RunConfig of an earlier run (config.json), with defaults for keys added since, and
   the embedding padding its checkpoints hold (`saved_vocab_multiple`)."""
-  rc = config_lib.resolve(config_lib.from_values(saved_values(saved)))
+  rc = resolve(from_values(saved_values(saved)))
   return dataclasses.replace(rc, vocab_multiple=saved_vocab_multiple(saved))
 
 

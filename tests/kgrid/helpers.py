@@ -24,13 +24,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 K, E = 4, 8  # the trained top-k and expert count
 SEQUENCES, BATCH, RESAMPLES = 16, 8, 1000
 CALIB = 8  # calibration windows of the gain fit (after the SEQUENCES evaluated ones)
-GRID = {
+GRID = {  # the grid's eval.* keys, set over each run's saved ones (runconfig.saved_eval)
   "sequences": SEQUENCES,
   "batch_size": BATCH,
-  "resamples": RESAMPLES,
+  "bootstrap_resamples": RESAMPLES,
   "gain_sequences": CALIB,
-  "log": lambda *a: None,
 }
+QUIET = {"log": lambda *a: None}
 ROW_KEYS = {
   "k1", "k2", "loss", "accuracy", "delta", "delta_ci95", "p_value", "routed_mass", "gain",
   "mass_k1", "mass_K", "mass_k2", "coef_sum", "shared_coef", "routed_rms", "moe_rms", "moe_gain",
