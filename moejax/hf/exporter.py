@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from moejax.config.run import RunConfig
@@ -96,8 +97,6 @@ def write_tokenizer_config(out: str, eos_id: int | None) -> None:
   tok_json, cfg = (os.path.join(out, n) for n in ("tokenizer.json", "tokenizer_config.json"))
   if not os.path.isfile(tok_json) or os.path.isfile(cfg):
     return
-  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
-
   values = {"tokenizer_class": "PreTrainedTokenizerFast"}
   if eos_id is not None:
     values["eos_token"] = Tokenizer.from_file(tok_json).id_to_token(int(eos_id))
