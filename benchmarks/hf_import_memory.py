@@ -73,13 +73,14 @@ def make(directory: str) -> dict:
   }
 
 
-def peak_rss(python: str, argv: list[str], code: str) -> tuple[float, float, str]:
-  """(peak RSS in MiB, wall seconds, stdout) of `PYTHON ARGV` run as a child process with
-  `code` first on its PYTHONPATH."""
+def peak_rss(python: str, argv: list[str], code: str, cwd: str) -> tuple[float, float, str]:
+  """(peak RSS in MiB, wall seconds, stdout) of `PYTHON ARGV` run as a child process in
+  `cwd` (not a source tree: `-c` puts the working directory first on sys.path) with `code`
+  first on its PYTHONPATH."""
   path = os.pathsep.join(filter(None, (code, os.environ.get("PYTHONPATH"))))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path}
   t0 = time.perf_counter()
-  proc = subprocess.Popen([python, *argv], env=env, stdout=subprocess.PIPE, text=True)
+  proc = subprocess.Popen([python, *argv], env=env, cwd=cwd, stdout=subprocess.PIPE, text=True)
   out = proc.stdout.read()
   _, status, usage = os.wait4(proc.pid, 0)
   if os.waitstatus_to_exitcode(status) != 0:
@@ -105,14 +106,14 @@ def export(rev: str, directory: str) -> str:
 
 def row(python: str, code: str, name: str, directory: str, float32_mib: float) -> dict:
   """One interpreter and code's floor, import peak and wall time."""
-  floor, _, out = peak_rss(python, ["-c", FLOOR], code)
+  floor, _, out = peak_rss(python, ["-c", FLOOR], code, directory)
   version, jax_version, where = out.split()
   if not where.startswith(os.path.join(code, "moejax")):
     sys.exit(f"error: {python} imports moejax from {where}, not from {code}")
   model, run = os.path.join(directory, "model"), os.path.join(directory, "run")
   shutil.rmtree(run, ignore_errors=True)  # each import writes a fresh run directory
   argv = ["-m", "moejax.hf", "import", model, "--workdir", run, "--progress=false"]
-  rss, wall, _ = peak_rss(python, argv, code)
+  rss, wall, _ = peak_rss(python, argv, code, directory)
   print(f"python {version} / jax {jax_version}, {name}: peak RSS {rss:.0f} MiB "
         f"({floor:.0f} MiB floor), {wall:.1f} s wall")  # fmt: skip
   return {
@@ -125,7 +126,10 @@ def row(python: str, code: str, name: str, directory: str, float32_mib: float) -
 def measure(directory: str, pythons: list[str], baseline: str | None) -> dict:
   """`make` in a child, then the import and the floor in children of this small process: a
   child's ru_maxrss counts the memory it was forked with, so the parent holds no model."""
-  peak_rss(sys.executable, [__file__, "make", os.path.join(directory, "model")], REPO)
+  directory = os.path.abspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  model = os.path.join(directory, "model")
+  print(peak_rss(sys.executable, [os.path.abspath(__file__), "make", model], REPO, directory)[2])
   with open(os.path.join(RESULTS, "hf_import_memory.json")) as f:
     out = json.load(f)["figures"]  # the model's figures, written by `make`
   codes = [(REPO, "this tree")]
