@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 import ml_dtypes
 import numpy as np
@@ -39,6 +39,12 @@ def _bad(path: str, why: str) -> UserError:
   return UserError(f"{path}: not a readable safetensors file ({why})")
 
 
+def _entry(v: dict, base: int) -> Entry:
+  """A header's tensor record; its data offsets count from `base`, the end of the header."""
+  start, stop = v["data_offsets"]
+  return Entry(v["dtype"], tuple(v["shape"]), base + start, base + stop)
+
+
 def header(path: str) -> dict[str, Entry]:
   """Tensor name → Entry, in file order, from the shard's header alone."""
   size = os.path.getsize(path)
@@ -48,12 +54,7 @@ def header(path: str) -> dict[str, Entry]:
       raise _bad(path, f"header length {n} for a {size}-byte file")
     try:
       meta = json.loads(f.read(n))
-      entries = {
-        name: Entry(v["dtype"], tuple(v["shape"]), 8 + n + v["data_offsets"][0],
-                    8 + n + v["data_offsets"][1])  # fmt: skip
-        for name, v in meta.items()
-        if name != "__metadata__"
-      }
+      entries = {name: _entry(v, 8 + n) for name, v in meta.items() if name != "__metadata__"}
     except (ValueError, KeyError, TypeError, IndexError) as e:
       raise _bad(path, f"header: {e}") from None
   if any(e.stop > size for e in entries.values()):
@@ -68,7 +69,7 @@ class Shard:
     self.path, self.entries = path, header(path)
     self._file = open(path, "rb")  # noqa: SIM115  (closed by close() / the with block)
 
-  def __enter__(self) -> Shard:
+  def __enter__(self) -> Self:
     return self
 
   def __exit__(self, *_) -> None:
