@@ -8,13 +8,11 @@ the stacks, and each layer's tensors fill its row in place.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 
 import numpy as np
-from safetensors import safe_open
 from tqdm import tqdm
 
 from moejax import build
@@ -23,6 +21,7 @@ from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
 from moejax.config.reader import from_values, resolve
+from moejax.hf.shard import Shard, header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -55,8 +54,7 @@ def tensor_index(files: list[str]) -> dict[str, str]:
   """Tensor name → shard file, from the shard headers only."""
   where: dict[str, str] = {}
   for path in files:
-    with safe_open(path, framework="np") as f:
-      where.update(dict.fromkeys(f.keys(), path))
+    where.update(dict.fromkeys(header(path), path))
   return where
 
 
@@ -119,37 +117,22 @@ def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool) -> dict[str, lis
   return by_name
 
 
-class _Shard:
-  """One open shard: numpy reads, and jax reads for bfloat16 (numpy has no bfloat16)."""
-
-  def __init__(self, path: str, stack: contextlib.ExitStack):
-    self.path, self._stack, self._jax = path, stack, None
-    self.np = stack.enter_context(safe_open(path, framework="np"))
-
-  def read(self, name: str) -> np.ndarray:
-    if self.np.get_slice(name).get_dtype() != "BF16":
-      return self.np.get_tensor(name).astype(np.float32, copy=False)
-    if self._jax is None:
-      self._jax = self._stack.enter_context(safe_open(self.path, framework="flax"))
-    return np.asarray(self._jax.get_tensor(name).astype(np.float32))
-
-
 def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> None:
-  """Fills `arrays` from every shard, one tensor at a time, checking shapes."""
+  """Fills `arrays` from every shard, one tensor at a time (in file order), checking shapes;
+  each tensor is converted to float32 as it is copied into its place, no other copy."""
   for path in tqdm(files, desc="import shards", unit="shard", disable=not progress):
-    with contextlib.ExitStack() as stack:
-      shard = _Shard(path, stack)
-      for name in shard.np.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
-        for spec in by_name.get(name, ()):
-          dest = spec.view(arrays)  # in place: a layer's row of a stack, an expert's slice
-          value = spec.to_moejax(shard.read(name))
-          if value.shape != dest.shape:
-            hf_shape = list(shard.np.get_slice(name).get_shape())
+    with Shard(path) as shard:
+      for name, entry in shard.entries.items():
+        fills = [(spec, spec.view(arrays)) for spec in by_name.get(name, ())]
+        for spec, dest in fills:  # in place: a layer's row of a stack, an expert's slice
+          if spec.moejax_shape(entry.shape) != dest.shape:
             raise UserError(
-              f"tensor {name} in {path} has shape {hf_shape}, which does not fit "
+              f"tensor {name} in {path} has shape {list(entry.shape)}, which does not fit "
               f"moejax's {spec.where()} {list(dest.shape)}"
             )
-          dest[...] = value
+        value = shard.read(name) if fills else None
+        for spec, dest in fills:
+          dest[...] = spec.to_moejax(value)
 
 
 def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=print) -> dict:

@@ -54,6 +54,10 @@ class Spec(NamedTuple):
     cols = "" if self.cols is None else f"[..., {self.cols[0]}:{self.cols[1]}]"
     return ".".join(map(str, self.path)) + row + cols
 
+  def moejax_shape(self, hf_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `to_moejax` gives a tensor of `hf_shape`."""
+    return (*hf_shape[:-2], hf_shape[-1], hf_shape[-2]) if self.transpose else tuple(hf_shape)
+
   def to_moejax(self, hf_array: np.ndarray) -> np.ndarray:
     """The HF tensor as the moejax array (or expert slice) it fills."""
     return np.swapaxes(hf_array, -1, -2) if self.transpose else hf_array
