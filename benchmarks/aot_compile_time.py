@@ -10,7 +10,7 @@ Prints CPU seconds and wall seconds of each phase (CPU above wall: the compiler'
 `--layouts scanned,unrolled` compiles the program once per `model.scan_layers` value, in this
 one process, and prints the compile ratio scanned/unrolled; `--depths 8,32` compiles it at
 each `model.n_layers` (the ratio of the two). Each compile takes the target's XLA options
-(`moejax.compile_options`, as `describe` and the precheck compile); `--xla-defaults` drops
+(`moejax.backend.compile_options`, as `describe` and the precheck compile); `--xla-defaults` drops
 them. `--hlo-stats` (with `--gpu`) adds what each compiled step does per step, read from its
 optimized HLO (kernels launched, while loops, dynamic-update-slice fusions, elementwise
 fusions' bytes, zero fills: `hlo_stats.py`). `--grid-forward` also traces, lowers and compiles
@@ -74,7 +74,7 @@ def main() -> None:
   p.add_argument(
     "--xla-defaults",
     action="store_true",
-    help="compile without moejax's XLA options for the target (moejax.compile_options)",
+    help="compile without moejax's XLA options for the target (moejax.backend.compile_options)",
   )
   p.add_argument(
     "--grid-forward",

@@ -7,7 +7,7 @@ The study shape (`study_shape.study_config`) once per MoE dispatch impl in `--im
 fresh each repeat, traced under the run's mesh as the trainer traces it, and timed in three
 parts, `jax.jit(step).trace(...)`, `.lower()` and `.compile()`; the min of each part over
 `--repeats` (arms interleaved). `impl=auto` resolves for the mesh's platform
-(`moejax.platforms`), so the `auto` and `native` rows should trace alike. `--xla-spans`
+(`moejax.backend.platforms`), so the `auto` and `native` rows should trace alike. `--xla-spans`
 compiles each arm once more under jax.profiler and adds where XLA's compile went: its HLO
 passes, its backend, the backend's code generation and the number of fused kernels it
 generated code for (`cpu_profile.compile_spans`). Writes

@@ -20,6 +20,7 @@ text, peak RSS) and preparing it (the preset's prepare: seconds, peak RSS, token
 arm after another in one run. `--gcs_mb` also serves the first Parquet files of about that
 many MB from a local fake GCS server (tests/gcs_fixture.py) and prepares from gs://, with
 the peak size of the arm's TMPDIR (local disk) against the largest object's size.
+`--arms read` runs the read arms only (a size whose prepares take too long on the host).
 """
 
 from __future__ import annotations
@@ -236,11 +237,14 @@ def format_rows(args, mb: int) -> list[dict]:
   rows = []
   for fmt, p in paths.items():
     base = {"size_MB": mb, "format": fmt, "files_MB": files_mb(p)}
-    rows.append({**base, "arm": "read", **run_arm("read", p, "", args.timeout, args.cap_mb)})
-    out = os.path.join(args.work, f"prepared{mb}-{fmt}")
-    shutil.rmtree(out, ignore_errors=True)
-    r = run_arm("prepare", p, out, args.timeout, args.cap_mb)
-    rows.append({**base, "arm": "prepare", **r})
+    if "read" in args.arms:
+      rows.append({**base, "arm": "read", **run_arm("read", p, "", args.timeout, args.cap_mb)})
+    if "prepare" in args.arms:
+      out = os.path.join(args.work, f"prepared{mb}-{fmt}")
+      shutil.rmtree(out, ignore_errors=True)
+      r = run_arm("prepare", p, out, args.timeout, args.cap_mb)
+      rows.append({**base, "arm": "prepare", **r})
+      shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(rows[-2:]), flush=True)
   return rows
 
@@ -272,7 +276,7 @@ def gcs_rows(args, mb: int) -> list[dict]:
     biggest = max(os.path.getsize(p) for p in files) / 1e6
     base = {"size_MB": round(size), "format": "parquet on gs://", "files_MB": size}
     rows = []
-    for name in ("read", "prepare"):
+    for name in [a for a in ("read", "prepare") if a in args.arms]:
       tmp = tempfile.mkdtemp(prefix="moejax-bench-tmp-")
       out = os.path.join(args.work, "prepared-gcs")
       shutil.rmtree(out, ignore_errors=True)
@@ -291,7 +295,8 @@ def main_formats(args) -> None:
     rows += format_rows(args, mb)
     if args.gcs_mb:
       rows += gcs_rows(args, mb)
-  write_result(args.result, {"rows": rows, "tokenizer": "32k BPE (the TPU preset's)"})
+  figures = {"rows": rows, "tokenizer": "32k BPE (the TPU preset's)", "arms": args.arms}
+  write_result(args.result, figures)
 
 
 def main() -> None:
@@ -308,6 +313,7 @@ def main() -> None:
   ap.add_argument("--result", default="data_pipeline", help="benchmarks/results/<NAME>.json")
   ap.add_argument("--formats", action="store_true", help="JSONL vs Parquet vs .jsonl.zst")
   ap.add_argument("--gcs_mb", type=float, default=0, help="--formats: also from a fake GCS")
+  ap.add_argument("--arms", default="read,prepare", help="--formats: which arms (read,prepare)")
   args = ap.parse_args()
   if args.arm:
     print(json.dumps(arm(args)))

@@ -1,6 +1,6 @@
 """Peak memory of `python -m moejax.hf import` on a synthetic ~200M-parameter OLMoE.
 
-    python benchmarks/hf_import_memory.py measure DIR  # make, then import it, measured
+    python benchmarks/hf_import_memory.py measure DIR [--python PY ...] [--baseline REV]
     python benchmarks/hf_import_memory.py make DIR     # bf16 shards via save_pretrained only
 
 `make` builds the model with transformers' own OlmoeConfig (random weights, bfloat16,
@@ -8,20 +8,26 @@
 then runs `python -m moejax.hf import DIR/model --workdir DIR/run --progress=false` as a
 child process and takes its peak RSS (the kernel's ru_maxrss of that child, what
 /usr/bin/time -v reports) and wall time, beside the peak RSS of a child that only imports
-jax (the floor), and writes them with the model's float32 size to
-benchmarks/results/hf_import_memory.json.
+jax and moejax.hf (the floor), under each `--python` interpreter (default: this one; one
+per jax line, each with moejax's dependencies installed) with this tree's moejax first on
+its PYTHONPATH. `--baseline REV` measures REV's moejax too (`git archive` into
+DIR/src-REV), side by side: a row per interpreter and code. The rows, with the model's
+float32 size, go to benchmarks/results/hf_import_memory.json; `import_over_float32` =
+(peak - floor) / float32 size.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import RESULTS, write_result
+from common import REPO, RESULTS, write_result
 
 SHAPE = {
   "vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -67,35 +73,85 @@ def make(directory: str) -> dict:
   }
 
 
-def peak_rss(argv: list[str]) -> tuple[float, float]:
-  """(peak RSS in MiB, wall seconds) of `python ARGV` run as a child process."""
+def peak_rss(python: str, argv: list[str], code: str, cwd: str) -> tuple[float, float, str]:
+  """(peak RSS in MiB, wall seconds, stdout) of `PYTHON ARGV` run as a child process in
+  `cwd` (not a source tree: `-c` puts the working directory first on sys.path) with `code`
+  first on its PYTHONPATH."""
+  path = os.pathsep.join(filter(None, (code, os.environ.get("PYTHONPATH"))))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path}
   t0 = time.perf_counter()
-  proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  proc = subprocess.Popen([python, *argv], env=env, cwd=cwd, stdout=subprocess.PIPE, text=True)
+  out = proc.stdout.read()
   _, status, usage = os.wait4(proc.pid, 0)
   if os.waitstatus_to_exitcode(status) != 0:
-    sys.exit(f"error: python {' '.join(argv)} failed")
-  return usage.ru_maxrss / 1024, time.perf_counter() - t0  # ru_maxrss is in KiB on Linux
+    sys.exit(f"error: {python} {' '.join(argv)} failed")
+  return usage.ru_maxrss / 1024, time.perf_counter() - t0, out  # ru_maxrss: KiB on Linux
 
 
-def measure(directory: str) -> dict:
+FLOOR = (
+  "import platform, jax, moejax, moejax.hf; "
+  "print(platform.python_version(), jax.__version__, moejax.__file__)"
+)
+
+
+def export(rev: str, directory: str) -> str:
+  """REV's tree (`git archive`) under DIR/src-REV; its path."""
+  out = os.path.join(directory, f"src-{rev}")
+  if not os.path.isdir(out):
+    os.makedirs(out)
+    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", out], input=archive.stdout, check=True)
+  return out
+
+
+def row(python: str, code: str, name: str, directory: str, float32_mib: float) -> dict:
+  """One interpreter and code's floor, import peak and wall time."""
+  floor, _, out = peak_rss(python, ["-c", FLOOR], code, directory)
+  version, jax_version, where = out.split()
+  if not where.startswith(os.path.join(code, "moejax")):
+    sys.exit(f"error: {python} imports moejax from {where}, not from {code}")
+  model, run = os.path.join(directory, "model"), os.path.join(directory, "run")
+  shutil.rmtree(run, ignore_errors=True)  # each import writes a fresh run directory
+  argv = ["-m", "moejax.hf", "import", model, "--workdir", run, "--progress=false"]
+  rss, wall, _ = peak_rss(python, argv, code, directory)
+  print(f"python {version} / jax {jax_version}, {name}: peak RSS {rss:.0f} MiB "
+        f"({floor:.0f} MiB floor), {wall:.1f} s wall")  # fmt: skip
+  return {
+    "python": version, "jax": jax_version, "code": name, "floor_RSS_MiB": floor,
+    "import_peak_RSS_MiB": rss, "import_wall_s": wall,
+    "import_over_float32": (rss - floor) / float32_mib,
+  }  # fmt: skip
+
+
+def measure(directory: str, pythons: list[str], baseline: str | None) -> dict:
   """`make` in a child, then the import and the floor in children of this small process: a
   child's ru_maxrss counts the memory it was forked with, so the parent holds no model."""
-  model, run = os.path.join(directory, "model"), os.path.join(directory, "run")
-  peak_rss([__file__, "make", model])  # writes the model's figures to the result file
+  directory = os.path.abspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  model = os.path.join(directory, "model")
+  print(peak_rss(sys.executable, [os.path.abspath(__file__), "make", model], REPO, directory)[2])
   with open(os.path.join(RESULTS, "hf_import_memory.json")) as f:
-    out = json.load(f)["figures"]
-  rss, wall = peak_rss(["-m", "moejax.hf", "import", model, "--workdir", run, "--progress=false"])
-  floor, _ = peak_rss(["-c", "import jax, moejax.hf"])
-  out |= {"import_peak_RSS_MiB": rss, "import_wall_s": wall, "floor_RSS_MiB": floor}
-  out["import_over_float32"] = (rss - floor) / out["float32_MiB"]
-  print(f"import: peak RSS {rss:.0f} MiB ({floor:.0f} MiB floor), {wall:.1f} s wall")
+    out = json.load(f)["figures"]  # the model's figures, written by `make`
+  codes = [(REPO, "this tree")]
+  if baseline:
+    codes.insert(0, (export(baseline, directory), baseline))
+  out["imports"] = [
+    row(py, code, name, directory, out["float32_MiB"]) for py in pythons for code, name in codes
+  ]
   return out
 
 
 def main() -> None:
-  if len(sys.argv) != 3 or sys.argv[1] not in ("make", "measure"):
-    sys.exit(__doc__)
-  figures = make(sys.argv[2]) if sys.argv[1] == "make" else measure(sys.argv[2])
+  parser = argparse.ArgumentParser(usage=__doc__)
+  parser.add_argument("action", choices=("make", "measure"))
+  parser.add_argument("directory")
+  parser.add_argument("--python", action="append", help="an interpreter to import with")
+  parser.add_argument("--baseline", help="a git revision to measure beside this tree")
+  args = parser.parse_args()
+  if args.action == "make":
+    figures = make(args.directory)
+  else:
+    figures = measure(args.directory, args.python or [sys.executable], args.baseline)
   write_result("hf_import_memory", figures)
 
 

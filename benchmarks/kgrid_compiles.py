@@ -18,6 +18,7 @@ import time
 import jax
 import numpy as np
 
+from moejax.config import grid_labels
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import loading
 from moejax.kgrid.forward import CellForward
@@ -67,9 +68,9 @@ def main() -> None:
   jax.monitoring.register_event_duration_secs_listener(_listen)
   rc = loading.load_config(args.workdir)
   K, E = rc.moe.top_k, rc.moe.n_experts
-  k1s = cells_lib.parse_k1(args.k1, K, E)
+  k1s = grid_labels.parse_k1(args.k1, K, E)
   norm = rc.rule.norm != "none"
-  cells, _ = cells_lib.cells(k1s, cells_lib.parse_k2(args.k2, K, E, k1s), K, E, normalizes=norm)
+  cells, _ = cells_lib.cells(k1s, grid_labels.parse_k2(args.k2, K, E, k1s), K, E, normalizes=norm)
   ev = loading.load_run(args.workdir, rc, None)
   w = ev.heldout_NxL1[: args.sequences]
   batches = [w[i : i + args.batch_size] for i in range(0, len(w), args.batch_size)]

@@ -21,7 +21,8 @@ from wandb_workspaces import expr
 
 from launch import spec
 from moejax.errors import UserError
-from moejax.kgrid.cells import LABELS, QUARTER_PREFIX
+from moejax.config.grid_labels import LABELS
+from moejax.kgrid.cells import QUARTER_PREFIX
 
 RULE_KEY = "model.moe.rule"
 LOSS = "eval_loss"

@@ -125,9 +125,9 @@ def check_fit(
   UserError naming the run when it does not compile, lower or fit. `store`: an
   `aot.cache.Store` of earlier compiles (None: compile)."""
   from moejax import aot  # pylint: disable=import-outside-toplevel
-  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
-  rc = validate(c)
+  rc = resolve(c)
   topology = aot.topology_of_accelerator(accelerators)
   if topology is not None:
     if not aot.libtpu_available():

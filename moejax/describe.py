@@ -33,7 +33,8 @@ import os
 import sys
 
 from moejax import aot, sharding
-from moejax.config import RunConfig, table
+from moejax.config import table
+from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet and friends)
   count_groups,
@@ -42,7 +43,7 @@ from moejax.sizing.worksheet import (  # noqa: F401  (public: describe.worksheet
   nominal_vocab,
   worksheet,
 )
-from moejax.validate import validate
+from moejax.config.reader import resolve
 
 
 def _gib(n: int) -> str:
@@ -206,7 +207,7 @@ def main(argv: list[str]) -> int:
     f"Accelerator family whose smallest slice the train step fits: {', '.join(aot.fit.FAMILIES)}.",
   )
   cli.parse_flags(argv, config, example="configs/full/mixtral.py")
-  rc = validate(config.value)
+  rc = resolve(config.value)
   targets = (topology.value, gpu.value, fit_family.value)
   if any(targets):
     host_backend_cpu()

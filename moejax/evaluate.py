@@ -9,12 +9,15 @@ work is done by `moejax.kgrid`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from absl import flags
 
 from moejax import cli
+from moejax.config.sections import EvalConfig
 from moejax.downstream import entry
+from moejax.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with config.json and checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -37,6 +40,31 @@ _GAIN_SEQUENCES = flags.DEFINE_integer(
 )
 
 
+# the grid's flags -> the `eval.*` key each sets over the run's saved value
+GRID_FLAGS = {
+  "k1": "k1",
+  "k2": "k2",
+  "sequences": "sequences",
+  "batch_size": "batch_size",
+  "resamples": "bootstrap_resamples",
+  "gain_sequences": "gain_sequences",
+}
+
+
+def grid_eval(saved: EvalConfig, **given) -> EvalConfig:
+  """The run's `eval.*` with the grid flags that are given (not None or '') set over it; a
+  value its key does not allow is a UserError naming the flag and the key."""
+  ev = saved
+  for name, value in given.items():
+    if value is None or value == "":
+      continue
+    try:
+      ev = dataclasses.replace(ev, **{GRID_FLAGS[name]: value})
+    except UserError as e:
+      raise UserError(f"--{name}={value}: {e}") from None
+  return ev
+
+
 def main() -> int:
   cli.parse_flags(sys.argv)
   if not _WORKDIR.value:
@@ -53,19 +81,20 @@ def main() -> int:
     return 0
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
+  from moejax.kgrid.loading import load_config  # pylint: disable=import-outside-toplevel
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel  (imports jax)
 
-  run_grid(
-    _WORKDIR.value,
-    step=_STEP.value,
+  ev = grid_eval(
+    load_config(_WORKDIR.value).eval,
     k1=_K1.value,
     k2=_K2.value,
     sequences=_SEQUENCES.value,
     batch_size=_BATCH.value,
     resamples=_RESAMPLES.value,
     gain_sequences=_GAIN_SEQUENCES.value,
-    log=print if main_process else (lambda *a, **k: None),
   )
+  log = print if main_process else (lambda *a, **k: None)
+  run_grid(_WORKDIR.value, ev, step=_STEP.value, log=log)
   if main_process:
     sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
     print(runio.read_text(runio.path(_WORKDIR.value, "eval", *sub, "k_grid.md")))

@@ -13,7 +13,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from moejax import cli, config
+from moejax import cli
+from moejax.config.reader import resolve_data
 from moejax.data import prepare as prepare_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A get_config() file (configs/*.py).")
@@ -27,7 +28,7 @@ def main() -> int:
   cli.parse_flags(sys.argv, _CONFIG, example="configs/quickstart.py")
   if not _OUT.value:
     cli.fail("--out is required, e.g. --out data/quickstart")
-  data = config.resolve_data(_CONFIG.value)  # its keys checked before anything is written
+  data = resolve_data(_CONFIG.value)  # its keys checked before anything is written
   m = prepare_lib.prepare(data, _OUT.value, part_bytes=int(_PART_MB.value * 1e6))
   p = m["prepare"]
   rate = p["encoded_tokens"] / p["encode_seconds"] if p["encode_seconds"] else 0.0

@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import compat
+from moejax.backend import compat
 from moejax.errors import UserError
 
 AXES = ("data", "fsdp", "expert")

@@ -12,7 +12,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from moejax import cli, config
+from moejax import cli
+from moejax.config.reader import resolve
 from moejax.downstream import nextline
 from moejax.kgrid.loading import load_config
 
@@ -36,7 +37,7 @@ def main() -> int:
     cli.fail("--out is required: the folder for nextline.yaml and nextline.jsonl")
   if with_config == bool(_WORKDIR.value):
     cli.fail("give one of --config C (a configs/*.py file) or --workdir RUN")
-  rc = config.resolve(_CONFIG.value) if with_config else load_config(_WORKDIR.value)
+  rc = resolve(_CONFIG.value) if with_config else load_config(_WORKDIR.value)
   spec = nextline.Spec(_ITEMS.value, _CHOICES.value, _CONTEXT.value, _SEED.value)
   path, n = nextline.write_task(rc.data, _OUT.value, spec)
   print(f"wrote {path} ({n} items): python -m moejax.evaluate --workdir RUN --tasks {path}")

@@ -26,11 +26,11 @@ def main() -> int:
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   from moejax import runio  # pylint: disable=import-outside-toplevel
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
-  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
   main_process = distributed.is_main()
   _CONFIG.value.train.progress &= main_process
-  rc = validate(_CONFIG.value)  # every key and the grid's cells, before anything is built
+  rc = resolve(_CONFIG.value)  # every key and the grid's cells, before anything is built
 
   log = print if main_process else (lambda *a, **k: None)
   try:
@@ -43,7 +43,7 @@ def main() -> int:
   if rc.eval.after_train:
     from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
 
-    run_grid(_WORKDIR.value, log=log)
+    run_grid(_WORKDIR.value, rc.eval, log=log)
     if main_process:
       print(runio.read_text(runio.path(_WORKDIR.value, "eval", "k_grid.md")))
       print(f"grid: {_WORKDIR.value}/eval/k_grid.{{jsonl,md,png}}")

@@ -8,7 +8,9 @@ import dataclasses
 from moejax import config
 from moejax.config import RunConfig
 from moejax.data.config import DataConfig
+from moejax.config.sections import EvalConfig
 from moejax.errors import UserError
+from moejax.kgrid.loading import load_config
 
 
 def as_run(c) -> RunConfig:
@@ -26,3 +28,9 @@ def as_data(d) -> DataConfig:
     if key not in names:
       raise UserError(f"unknown config key data.{key}; see docs/config.md for the keys")
   return DataConfig(**dict(d))
+
+
+def saved_eval(workdir: str, **keys) -> EvalConfig:
+  """A trained run's saved `eval.*` with `keys` set over it (as `moejax.evaluate`'s flags
+  are), for `run_grid`."""
+  return dataclasses.replace(load_config(workdir).eval, **keys)

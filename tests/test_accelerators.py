@@ -35,7 +35,8 @@ import jax
 import pytest
 import quick_gpu
 
-from moejax import aot, cli, compile_options
+from moejax import aot, cli
+from moejax.backend import compile_options
 from moejax.aot import custom_calls, programs
 from moejax.kernels import dispatch
 from runconfig import as_run

@@ -1,4 +1,4 @@
-"""moejax.compile_options: the XLA options of each platform, and the compiles that take them
+"""moejax.backend.compile_options: the XLA options of each platform, and the compiles that take them
 (the compile-only GPU target's are checked with XLA:GPU in tests/test_accelerators.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 from failure_helpers import override
 
-from moejax import cli, compile_options
+from moejax import cli
+from moejax.backend import compile_options
 from moejax.training import trainer
 from runconfig import as_run
 

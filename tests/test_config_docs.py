@@ -1,6 +1,6 @@
 """The config schema as documentation: docs/config.md is the table the dataclasses generate,
 every key of `base_config()` has exactly one documented row, each key's documented range is
-what `validate` enforces, and `describe --keys` prints the table."""
+what `config.resolve` enforces, and `describe --keys` prints the table."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from moejax import config, describe
 from moejax.config import table
 from moejax.errors import UserError
-from moejax.validate import validate
+from moejax.config.reader import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,14 +90,14 @@ RANGED = [
 
 
 @pytest.mark.parametrize("row", RANGED, ids=lambda r: r.key)
-def test_validate_refuses_a_value_outside_each_documented_range_naming_the_key(row):
+def test_resolve_refuses_a_value_outside_each_documented_range_naming_the_key(row):
   for bad in _outside(row):
     c = config.base_config()
     if row.type == "int" and isinstance(bad, float):
       bad = math.floor(bad)  # an int just outside: ge 1 -> 0, ge 0 -> -1
     _set(c, row.key, bad)
     with pytest.raises(UserError, match=row.key.replace(".", r"\.") + "="):
-      validate(c)
+      resolve(c)
 
 
 def test_describe_keys_prints_a_section_and_refuses_an_unknown_one(capsys):

@@ -15,7 +15,7 @@ import pytest
 from failure_helpers import tiny
 
 from moejax.errors import UserError
-from moejax.validate import validate
+from moejax.config.reader import resolve
 from moejax.nn import routing
 from moejax.training import trainer
 from runconfig import as_run
@@ -123,8 +123,8 @@ def fuzz_cases(n: int, seed: int = 0) -> list[tuple[dict, str]]:
 
 def check(c: ml_collections.ConfigDict) -> None:
   """What `python -m moejax.train` checks before it builds anything: the config and the
-  grid's cells (eval.k1/eval.k2) in one `validate`, then the mesh against the batch."""
-  validate(c)
+  grid's cells (eval.k1/eval.k2) in one `config.resolve`, then the mesh against the batch."""
+  resolve(c)
   trainer.check_config(as_run(c))
 
 

@@ -62,6 +62,8 @@ ADDED = {
   ("config", "train", "profile_steps"): "",
   ("config", "train", "tensorboard"): True,
   ("config", "train", "async_checkpoints"): True,
+  # Issue 51: the embedding padded to a multiple of 128 rows (a ModelConfig field, not a key).
+  ("model", "vocab_multiple"): 128,
 }
 # Keys renamed since the snapshot: new path -> old path (issue 51: `data.jsonl_key` became
 # `data.text_key`, the JSONL field and the Parquet/Arrow column); the value moves back.

@@ -25,7 +25,7 @@ from moejax import config as config_lib
 from moejax.nn import losses, routing
 from moejax.nn.model import ModelConfig, Transformer, is_moe_layer
 from moejax.training import workdir as workdir_lib
-from moejax.validate import validate
+from moejax.config.reader import resolve
 from runconfig import as_run
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -133,7 +133,7 @@ def test_preset_keys_rule_and_validate(name, base_keys):
   assert isinstance(cfg, ml_collections.ConfigDict)
   keys = key_paths(cfg)
   assert keys == base_keys, f"missing {sorted(base_keys - keys)}, extra {sorted(keys - base_keys)}"
-  validate(cfg)
+  resolve(cfg)
   m = cfg.model.moe
   assert m.rule == PRESET_RULES[name]
   rule = as_run(cfg).moe.merge_rule
@@ -175,7 +175,8 @@ def test_preset_forward_and_grads(name):
     graphdef, params, rest, tokens, jax.random.key(1), train=True
   )
   B, L = cfg.data.batch_size, cfg.data.seq_len
-  assert logits.shape == (B, L, VOCAB_SIZE)
+  assert logits.shape == (B, L, mc.padded_vocab) and mc.padded_vocab == 384  # 257, padded
+  assert (np.asarray(logits).argmax(-1) < VOCAB_SIZE).all()  # the padded ids are masked
   n_moe = sum(is_moe_layer(mc, i) for i in range(mc.n_layers))
   assert n_moe >= 1 and len(auxes) == n_moe
   assert np.isfinite(float(loss)) and abs(float(loss) - np.log(VOCAB_SIZE)) < 1.0

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 from failure_helpers import fast_compiles  # noqa: F401  (XLA's cheap compiles: loops kept)
 
-from moejax import build, compat
+from moejax import build
+from moejax.backend import compat
 from moejax import config as config_lib
 from moejax.aot import custom_calls, loops
 from moejax.nn import model as model_lib

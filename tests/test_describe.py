@@ -17,7 +17,7 @@ from tiers import FULL
 
 from moejax import build, cli, describe
 from moejax import config as config_lib
-from moejax.validate import validate
+from moejax.config.reader import resolve
 from runconfig import as_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_every_twin_is_a_complete_valid_config_extending_its_preset():
     c = cli.load_file(str(FULL_DIR / f"{name}.py"))
     preset = cli.load_file(str(ROOT / "configs" / f"{name}.py"))
     assert key_paths(c) == base, name
-    validate(c)
+    resolve(c)
     assert c.model.moe.rule == preset.model.moe.rule
     assert c.loss.to_dict() == preset.loss.to_dict()
 
@@ -102,6 +102,7 @@ def tiny(**model) -> ml_collections.ConfigDict:
 @pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 def test_groups_match_hand_formulas(scan):
   V, D, L, H, G, hd, F_dense, E, K, F, S = 11, 8, 3, 2, 1, 4, 12, 4, 2, 6, 10
+  V = 128  # the embedding's rows: model.vocab_size=11 padded to a multiple of 128
   n_moe = 2  # layers 1 and 2
   want = {
     "embeddings": V * D,
@@ -221,7 +222,8 @@ def test_trainer_records_the_worksheet():
   )
   ws = trainer.resolved_config(run)["resolved"]["worksheet"]
   assert (ws["total"], ws["active"]) == (n_params, n_active)
-  assert ws["vocab_size"] == 257 and ws["groups"]["embeddings"]["total"] == 257 * 8
+  assert ws["vocab_size"] == 257 and ws["padded_vocab"] == 384  # 257 rounded up to 128s
+  assert ws["groups"]["embeddings"]["total"] == 384 * 8  # the rows held, padding included
   json.dumps(ws)  # config.json and the wandb config take it as is
 
 

@@ -33,10 +33,11 @@ def small(**mesh):
   return c
 
 
-# By hand: embedding V·D (tied: no head); q D·H·hd, k and v D·hd, o H·hd·D; two RMSNorm
+# By hand: embedding V_ROWS·D (tied: no head); q D·H·hd, k and v D·hd, o H·hd·D; two RMSNorm
 # scales per block and the final one; router D·E; experts 3·E·D·F_e.
 EXPERTS = 3 * E * D * DE
-OTHERS = V * D + (D * H * HD + 2 * D * HD + H * HD * D) + 3 * D + D * E
+V_ROWS = 384  # the byte vocab's 257 ids padded to a multiple of 128 rows
+OTHERS = V_ROWS * D + (D * H * HD + 2 * D * HD + H * HD * D) + 3 * D + D * E
 
 
 def abstract_gpus(n: int = 8) -> aot.Target:

@@ -162,6 +162,8 @@ RUN_BY_TESTS: dict[str, str] = {
   'pip install -e ".[test,tpu,cuda]" && JAX_PLATFORMS=cpu pytest -n 2 -m "full or not full"': (
     ".ci/run"
   ),
+  'pip install -e ".[test,tpu,cuda]" -c constraints/gpu-image.txt && JAX_PLATFORMS=cpu pytest '
+  '-n 2 -m "full or not full"': ".ci/run",
   # docs/kgrid.md, "Downstream tasks"
   'pip install -e ".[eval]"': (
     "tests/downstream/test_nextline.py::test_tasks_without_lm_eval_names_the_pip_command"
@@ -411,7 +413,7 @@ def test_the_tests_that_run_the_commands_exist():
   ci = (REPO / ".ci" / "run").read_text()
   for cmd, runner in RUN_BY_TESTS.items():
     if runner == ".ci/run":
-      install = re.search(r'pip install -e "[^"]*"', cmd)
+      install = re.search(r'pip install -e "[^"]*"(?: -c \S+)?', cmd)
       if not install or install.group(0) not in ci or not _ci_selects(cmd, ci):
         bad.append(f"{cmd}: not in .ci/run")
       continue

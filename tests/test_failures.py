@@ -33,7 +33,7 @@ from moejax.errors import UserError
 from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, loop, nonfinite, trainer
 from moejax.training import workdir as workdir_lib
-from runconfig import as_run
+from runconfig import as_run, saved_eval
 
 STEPS, LOG, EVAL, CKPT = 12, 5, 7, 4
 CONFIG = tiny(
@@ -113,7 +113,9 @@ def test_same_config_and_seed_is_bitwise_identical_and_stale_metrics_are_dropped
 
 def test_final_heldout_loss_is_the_grids_native_cell(reference):
   workdir, summary, log, _ = reference
-  rows = run_grid(workdir, k1="2", k2="native", resamples=1000, log=Log())
+  rows = run_grid(
+    workdir, saved_eval(workdir, k1="2", k2="native", bootstrap_resamples=1000), log=Log()
+  )
   (native,) = [r for r in rows if r["k1"] == 2 and r["k2"] == "native"]
   assert native["loss"] == pytest.approx(summary["eval_loss"], rel=1e-6, abs=1e-6)
   assert any("held-out loss" in line and "eval.sequences" in line for line in log), log
@@ -160,7 +162,7 @@ def test_no_readable_checkpoint_is_a_clear_error_naming_each(reference, tmp_path
   # the evaluator restores params only, so a cut optimizer file would not bother it: cut all
   truncate_state(workdir, CKPT, every_file=True)
   with pytest.raises(UserError) as info:  # the evaluator's --step names it the same way
-    run_grid(workdir, step=CKPT, k1="2", k2="native", log=Log())
+    run_grid(workdir, saved_eval(workdir, k1="2", k2="native"), step=CKPT, log=Log())
   assert f"checkpoint {workdir}/checkpoints/{CKPT} is unreadable" in str(info.value)
 
 

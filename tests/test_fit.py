@@ -20,11 +20,12 @@ from moejax.errors import UserError
 from runconfig import as_run
 
 # small()'s parameters by placement under FSDP (tests/test_describe_fit.py's hand count):
-# whole on every device, the embedding 257 x 32 (257 divides by no fsdp) and three RMSNorm
-# scales of 32; split over fsdp, q and o 32 x 32, k and v 32 x 16, the router 32 x 8 and
-# the experts 3 x 8 x 32 x 32 (their d_model axis).
-WHOLE = 257 * 32 + 3 * 32
-ATTN, ROUTER, EXPERTS = 2 * 32 * 32 + 2 * 32 * 16, 32 * 8, 3 * 8 * 32 * 32
+# whole on every device, three RMSNorm scales of 32; split over fsdp, the embedding 384 x 32
+# (the byte vocab's 257 ids padded to 384 rows, which divide by fsdp), q and o 32 x 32, k
+# and v 32 x 16, the router 32 x 8 and the experts 3 x 8 x 32 x 32 (their d_model axis).
+WHOLE = 3 * 32
+# The embedding is counted with the attention: both split over fsdp.
+ATTN, ROUTER, EXPERTS = 384 * 32 + 2 * 32 * 32 + 2 * 32 * 16, 32 * 8, 3 * 8 * 32 * 32
 # Beside them: AdamW's and the schedule's int32 counts, the router's 8 float32 biases, the
 # int32 step, and the rng (a threefry key, 8 bytes).
 SCALARS = 2 * 4 + 8 * 4 + 4 + 8

@@ -28,11 +28,11 @@ from moejax.errors import UserError
 from moejax.hf import runstate
 from moejax.hf.exporter import export_run
 from moejax.hf.importer import import_checkpoint
-from moejax.nn import stack
+from moejax.kgrid.loading import load_config, load_run
 from moejax.nn.model import layer_segments
 from moejax.nn.overrides import Overrides
 from moejax.training import workdir as workdir_lib
-from runconfig import as_data, as_run
+from runconfig import as_data, as_run, saved_eval
 
 V, D, E, K, K1, L = 128, 32, 8, 4, 2, 2
 COMMON = {
@@ -143,8 +143,9 @@ class Imported(dict):
             "scan_layers": scan}  # fmt: skip
     run = self.root / f"{fam}_{'scanned' if scan else 'unrolled'}_run"
     import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
-    c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
-    mj = runstate.load_model(str(run), as_run(c).with_vocab(V).model)
+    rc = load_config(str(run))  # as `moejax.evaluate` loads an imported run
+    r = load_run(str(run), rc, None)
+    mj = nnx.merge(r.graphdef, r.params, r.router)
     self[key] = (model, run, compiled(mj, K1, K1 if RENORM[fam] else None), src)
     return self[key]
 
@@ -212,9 +213,65 @@ def test_export_round_trips(imported, tokens, fam, scan, tmp_path):
   assert os.path.exists(tmp_path / "out" / "tokenizer.json")
 
 
+def test_an_unaligned_vocab_is_padded_on_import_and_exported_back(tmp_path):
+  """An HF vocab of 100 ids (not a multiple of 128) imports as 128 rows, the 28 padded ones
+  zero and masked: moejax's logits over the 100 real ids are transformers'. The export
+  writes 100 rows again, every tensor bit for bit: Δlogit 0.0."""
+  n_real = 100
+  cfg = CONFIGS["olmoe"]()
+  cfg.vocab_size = n_real
+  torch.manual_seed(0)
+  hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+  randomize(hf)
+  src, run = tmp_path / "src", tmp_path / "run"
+  hf.save_pretrained(src)
+  write_tokenizer(src)  # 97 ids
+  (tmp_path / "heldout.txt").write_text(TEXT)
+  opts = {"text": str(tmp_path / "heldout.txt"), "text_docs": "paragraph", "seq_len": 16,
+          "sequences": 8, "batch_size": 4, "holdout_fraction": 0.3, "progress": False}  # fmt: skip
+  import_checkpoint(str(src), str(run), opts, log=lambda *_: None)
+  saved = json.loads((run / "config.json").read_text())
+  assert saved["resolved"]["vocab_size"] == n_real
+  assert saved["resolved"]["padded_vocab_size"] == 128
+  mc = workdir_lib.from_saved(saved).with_vocab(97).model
+  assert (mc.vocab_size, mc.padded_vocab) == (n_real, 128)
+  r = load_run(str(run), load_config(str(run)), None)  # as `moejax.evaluate` loads it
+  mj = nnx.merge(r.graphdef, r.params, r.router)
+  emb = np.asarray(mj.embed.embedding[...])
+  assert emb.shape == (128, D) and emb[:n_real].any() and not emb[n_real:].any()
+  assert not np.asarray(mj.lm_head.kernel[...])[:, n_real:].any()
+  toks = np.random.default_rng(3).integers(0, n_real, size=(2, 12)).astype(np.int32)
+  got = compiled(mj)(toks)[0]
+  ref = hf_logits(hf, toks, K)
+  assert got.shape[-1] == 128 and ref.shape[-1] == n_real
+  np.testing.assert_allclose(got[..., :n_real], ref, atol=1e-4, rtol=0)
+  assert (got[..., n_real:] < -1e30).all()
+  export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
+  back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+  assert back.config.vocab_size == n_real
+  want, have = hf.state_dict(), back.state_dict()
+  assert sorted(have) == sorted(want)
+  assert all(torch.equal(have[n], want[n]) for n in want)
+  assert np.abs(hf_logits(back.eval(), toks, K) - ref).max() == 0.0
+
+
+def _as_layers(flat: dict[tuple, object], segs) -> dict[tuple, object]:
+  """A flat {path: array} of the scanned layout in the unrolled one, by the layout's rule
+  (moejax/nn/stack.py): row r of segment s's body position j is layer start + r * period + j."""
+  out = {}
+  for path, a in flat.items():
+    if path[0] != "stacks":
+      out[path] = a
+      continue
+    seg, j, key = segs[int(path[1])], int(path[3]), type(path[1])  # int or str keys
+    for r in range(seg.repeats):
+      out[("layers", key(seg.start + r * len(seg.moe) + j), *path[4:])] = a[r]
+  return out
+
+
 def test_import_stacks_the_layers_it_fills(imported):
-  """The scanned import is the unrolled one stacked (rows = layers, `stack.unstack`), both
-  hold what the HF tensors say, and each run records its layout in config.json."""
+  """The scanned import is the unrolled one stacked (rows = layers), both hold what the HF
+  tensors say, and each run records its layout in config.json."""
   _, scanned, _, src = imported["olmoe", True]
   _, unrolled, _, _ = imported["olmoe", False]
   saved = {r: json.loads((r / "config.json").read_text()) for r in (scanned, unrolled)}
@@ -224,7 +281,7 @@ def test_import_stacks_the_layers_it_fills(imported):
   assert any(p[0] == "stacks" for p in params[scanned]) and not any(
     p[0] == "layers" for p in params[scanned]
   )
-  flat = stack.unstack(params[scanned], layer_segments(mc[scanned]))
+  flat = _as_layers(params[scanned], layer_segments(mc[scanned]))
   assert sorted(flat, key=str) == sorted(params[unrolled], key=str)
   for path, a in params[unrolled].items():
     np.testing.assert_array_equal(flat[path], a, err_msg=str(path))
@@ -290,7 +347,9 @@ def test_export_native_run(tmp_path, tokens):
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
   export_run(str(run), str(tmp_path / "out"), log=lambda *_: None)
   back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
-  got = compiled(runstate.load_model(str(run), mc))(tokens)[0]
+  graphdef, _ = runstate.abstract(mc)
+  filled = runstate.fill(state, arrays)  # the weights the run holds, from memory
+  got = compiled(nnx.merge(graphdef, filled["params"], filled["router"]))(tokens)[0]
   np.testing.assert_allclose(hf_logits(back.eval(), tokens, K), got, atol=1e-4)
   c.model.moe.rule = "olmo"  # α = K: no family scales its routed weights
   (run / "config.json").write_text(json.dumps({**c.to_dict(), "resolved": {"vocab_size": V}}))
@@ -339,7 +398,8 @@ def test_grid_on_imported_model(imported):
   from moejax.kgrid.run import run_grid
 
   hf, run, _, _ = imported["olmoe", True]
-  rows = run_grid(str(run), k1="4,2", k2="native", resamples=1000, log=lambda *_: None)
+  ev = saved_eval(str(run), k1="4,2", k2="native", bootstrap_resamples=1000)
+  rows = run_grid(str(run), ev, log=lambda *_: None)
   assert [(r["k1"], r["k2"]) for r in rows] == [(4, "native"), (2, "native")]
   c = workdir_lib.from_saved(json.loads((run / "config.json").read_text()))
   data = make_data(as_data(c.data), seed=0, workdir=None)

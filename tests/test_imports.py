@@ -13,6 +13,8 @@ import ast
 import itertools
 import pathlib
 import re
+import subprocess
+import sys
 from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -24,12 +26,16 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   # entry points: flags are parsed (and bad ones refused) before the slow jax import, and
   # jax.distributed.initialize() runs before any module that touches JAX is imported
   ("moejax/train.py", "from moejax import distributed"): "entry point, before jax",
-  ("moejax/train.py", "from moejax.validate import validate"): "entry point, after initialize()",
+  (
+    "moejax/train.py",
+    "from moejax.config.reader import resolve",
+  ): "entry point, after initialize()",
   ("moejax/train.py", "from moejax import runio"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.training import trainer"): "entry point, after initialize()",
   ("moejax/train.py", "from moejax.kgrid.run import run_grid"): "entry point, after initialize()",
   ("moejax/evaluate.py", "from moejax import distributed, runio"): "entry point, before jax",
   ("moejax/evaluate.py", "from moejax.kgrid.run import run_grid"): "entry point, after init",
+  ("moejax/evaluate.py", "from moejax.kgrid.loading import load_config"): "entry point, after init",
   ("moejax/downstream/entry.py", "from moejax.downstream.grid import run_task_grid"): "lm-eval",
   ("moejax/downstream/grid.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/hf/__main__.py", "from moejax.hf.importer import import_checkpoint"): "torch",
@@ -80,16 +86,17 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
 
 # The layers of moejax, lowest first: a module imports only modules of its own layer or of
 # lower ones (docs/design.md §8). An entry is a package (every module under it) or one
-# top-level module; `moejax` itself (its __init__) is the base.
+# module; `moejax` itself (its __init__) is the base, and `pkg.__init__` is a package's
+# __init__ alone (the config package's, which imports nothing, sits in the base layer with
+# its `schema`, which `nn` and `data` import).
 LAYERS: tuple[tuple[str, ...], ...] = (
   # base: what every layer uses
   (
     "moejax",
     "moejax.errors",
-    "moejax.schema",
-    "moejax.compat",
-    "moejax.compile_options",
-    "moejax.platforms",
+    "moejax.config.__init__",
+    "moejax.config.schema",
+    "moejax.backend",
     "moejax.runio",
     "moejax.stats",
     "moejax.distributed",
@@ -99,11 +106,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("moejax.kernels",),  # dispatch plans and the kernels
   ("moejax.nn",),  # routing, the MoE block, attention, the Transformer, losses
   ("moejax.data",),  # corpora, tokenizers, the grain pipeline
-  ("moejax.build", "moejax.config"),  # a config's schema and what it builds
+  ("moejax.build", "moejax.config"),  # the typed run config, its checks and what it builds
   ("moejax.sizing",),  # the worksheet and model FLOPs
   ("moejax.training",),  # the step, checkpoints, the run directory, loop and trainer
   ("moejax.kgrid",),  # the k1:k2 grid of a checkpoint
-  ("moejax.validate",),  # a run config's one check: the schema and the grid's cells
   ("moejax.hf",),  # transformers checkpoints in and out
   ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
   ("moejax.downstream",),  # the k1:k2 grid on lm-eval tasks (the `eval` extra)
@@ -111,13 +117,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
+def covers(entry: str, module: str) -> bool:
+  """Whether a LAYERS entry holds `module`: the module itself, a package above it, or (an
+  entry `pkg.__init__`, and `moejax`) only the package's __init__."""
+  if entry.endswith(".__init__"):
+    return module == entry.removesuffix(".__init__")
+  return module == entry or (entry != PACKAGE and module.startswith(entry + "."))
+
+
 def layer_of(module: str, layers=LAYERS) -> int | None:
-  """The index of the layer whose entry is `module` or a package above it (longest wins)."""
+  """The index of the layer whose entry covers `module` (the longest entry wins)."""
   best = None, -1
   for i, entries in enumerate(layers):
     for entry in entries:
-      inside = entry != PACKAGE and module.startswith(entry + ".")  # `moejax` is its __init__
-      if (module == entry or inside) and len(entry) > best[1]:
+      if covers(entry, module) and len(entry) > best[1]:
         best = i, len(entry)
   return best[0]
 
@@ -313,6 +326,13 @@ def test_an_upward_import_is_caught_naming_both_files(tmp_path):
   assert layer_of("moejax.other", layers) is None  # a new top-level module must be placed
 
 
+def test_a_package_init_entry_places_the_init_alone():
+  """`moejax.hi.__init__` puts the package's __init__ in its layer, not its modules."""
+  layers = (("moejax", "moejax.hi.__init__", "moejax.hi.base"), ("moejax.lo",), ("moejax.hi",))
+  assert layer_of("moejax.hi", layers) == 0 and layer_of("moejax.hi.base", layers) == 0
+  assert layer_of("moejax.hi.c", layers) == 2 and layer_of("moejax.hi.c.d", layers) == 2
+
+
 def test_no_unlisted_imports_inside_functions():
   lazy = [i for p in package_files().values() for i in imports_of(p) if i.function]
   found = {(i.path, i.statement): i for i in lazy}
@@ -330,8 +350,8 @@ HEAVY = ("jax", "flax", "orbax", "optax", "grain", "wandb", "torch", "matplotlib
 
 
 def test_kgrid_cells_imports_nothing_heavy():
-  """moejax.config and launch.dashboard import moejax.kgrid.cells: it and everything it pulls
-  in from moejax (package __init__ files included) import none of HEAVY."""
+  """launch.dashboard imports moejax.kgrid.cells and moejax.config.grid_labels: they and
+  everything they pull in from moejax (package __init__ files included) import none of HEAVY."""
   edges, files = graph(), package_files()
   seen, todo = set(), ["moejax.kgrid.cells", "moejax.kgrid", "moejax"]  # and its packages
   while todo:
@@ -340,7 +360,7 @@ def test_kgrid_cells_imports_nothing_heavy():
       seen.add(name)
       todo.extend(edges[name])
   external = {t.split(".")[0] for name in seen for i in imports_of(files[name]) for t in i.targets}
-  assert seen >= {"moejax.kgrid", "moejax.kgrid.cells", "moejax.kgrid.gain"}
+  assert seen >= {"moejax.kgrid.cells", "moejax.kgrid.gain", "moejax.config.grid_labels"}
   assert not external & set(HEAVY), (sorted(seen), sorted(external & set(HEAVY)))
 
 
@@ -350,7 +370,6 @@ def test_kgrid_cells_imports_nothing_heavy():
 CONFIGDICT_MODULES = (
   "moejax/config/",
   "moejax/cli.py",
-  "moejax/validate.py",
   "moejax/train.py",
   "moejax/prepare.py",
   "moejax/describe.py",
@@ -371,6 +390,53 @@ def test_only_the_config_package_reads_a_configdict():
     for n, line in enumerate(path.read_text().splitlines(), 1):
       if SECTION_READ.search(line):
         offenders.append(f"{rel}:{n}: {line.strip()}")
-  assert not offenders, "ConfigDict reads outside moejax/config (take the RunConfig):\n" + "\n".join(
-    offenders
+  assert not offenders, (
+    "ConfigDict reads outside moejax/config (take the RunConfig):\n" + "\n".join(offenders)
   )
+
+
+# ---------------------------------------------------------------- the config package's names
+
+
+def test_the_config_package_imports_nothing_but_resolves_its_names():
+  """moejax/config/__init__.py runs before `moejax.config.schema` (which `nn` and `data`
+  import), so it imports nothing of moejax; its names (config files' `config.base_config()`)
+  come from its modules on first use, each the module's own object."""
+  init = REPO / "moejax" / "config" / "__init__.py"
+  assert not [
+    i.statement for i in imports_of(init) if any(t.startswith(PACKAGE) for t in i.targets)
+  ]
+  code = (
+    "import sys, moejax.config as c, moejax.config.schema\n"
+    "assert 'moejax.config.reader' not in sys.modules and 'moejax.nn' not in sys.modules\n"
+    "import importlib\n"
+    "for name, mod in c.EXPORTS.items():\n"
+    "  assert getattr(c, name) is getattr(importlib.import_module('moejax.config.' + mod), name)\n"
+    "from moejax.config import base_config, reader\n"
+    "assert base_config().model.moe.top_k == reader.base_config().model.moe.top_k\n"
+    "try:\n  c.nothing\nexcept AttributeError as e:\n  assert 'nothing' in str(e)\n"
+  )
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_moejax_imports_config_modules_not_the_package_names():
+  """Inside moejax/, an import from moejax.config names one of its modules (`from
+  moejax.config.reader import resolve`, `from moejax.config import checks`), never a name the
+  package resolves on first use (`from moejax.config import RunConfig`, `config.resolve`):
+  the import graph above sees the real edge, and its layers and cycles stay checked."""
+  modules = {
+    name.rpartition(".")[2] for name in package_files() if name.startswith("moejax.config.")
+  }
+  bad = []
+  for path in package_files().values():
+    for i in imports_of(path):
+      node = ast.parse(i.statement).body[0]
+      if isinstance(node, ast.ImportFrom) and node.module == "moejax.config":
+        bad += [f"{i.path}:{i.line}: {i.statement}" for a in node.names if a.name not in modules]
+      elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+        bad += [f"{i.path}:{i.line}: {i.statement}" for a in node.names if a.name == "config"]
+      elif isinstance(node, ast.Import):
+        bad += [
+          f"{i.path}:{i.line}: {i.statement}" for a in node.names if a.name == "moejax.config"
+        ]
+  assert not bad, "import the config module that defines the name:\n" + "\n".join(bad)

@@ -16,7 +16,8 @@ from jax import export
 from requires import TOKAMAX, needs_tokamax
 from tiers import FULL
 
-from moejax import compat, sharding
+from moejax import sharding
+from moejax.backend import compat
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import registry

@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 from tiers import one_default
 
-from moejax import compat, sharding
+from moejax import sharding
+from moejax.backend import compat
 from moejax import config as config_lib
 from moejax.errors import UserError
 from moejax.nn.losses import LossConfig
@@ -25,7 +26,7 @@ from moejax.nn.moe import MoEConfig
 from moejax.nn.remat import REMAT_POLICIES
 from moejax.training import optim
 from moejax.training import step as step_lib
-from moejax.validate import validate
+from moejax.config.reader import resolve
 from runconfig import as_run
 
 # XLA:CPU's default scheduler orders for concurrency and runs a checkpointed block's
@@ -205,5 +206,5 @@ def test_bad_choice_is_a_one_line_user_error(key, allowed):
   assert c.model[key] == {"remat": "none", "attention": "xla"}[key]
   c.model[key] = "bogus"
   with pytest.raises(UserError) as e:
-    validate(c)
+    resolve(c)
   assert str(e.value) == f"model.{key}='bogus' is not allowed; use one of {allowed}"

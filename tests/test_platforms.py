@@ -1,10 +1,11 @@
-"""`moejax.platforms`: branches traced for the context mesh's platform only."""
+"""`moejax.backend.platforms`: branches traced for the context mesh's platform only."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax import compat, platforms, sharding
+from moejax import sharding
+from moejax.backend import compat, platforms
 
 
 def _branches(traced: list[str]) -> dict:

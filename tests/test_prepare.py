@@ -39,7 +39,7 @@ from moejax.distributed import Shard
 from moejax.errors import UserError
 from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, trainer
-from runconfig import as_data, as_run
+from runconfig import as_data, as_run, saved_eval
 
 QUIET = {"log": lambda *a, **k: None}
 PART = 6_000  # bytes of source text per part: several shards even for a tiny corpus
@@ -184,7 +184,8 @@ def test_training_on_the_prepared_copy_is_bitwise_the_in_memory_run(prepared, tm
   b = checkpoint.restore(checkpoint.manager(runs["prep"]), abstract)
   assert a[0] == b[0] == TINY["train.steps"] and a[2] == b[2]
   assert_trees_equal(a[1], b[1], "final state")
-  grids = [run_grid(runs[arm], k1="2", k2="native", resamples=1000, **QUIET) for arm in arms]
+  grid = {"k1": "2", "k2": "native", "bootstrap_resamples": 1000}
+  grids = [run_grid(runs[arm], saved_eval(runs[arm], **grid), **QUIET) for arm in arms]
   assert [r["loss_per_sequence"] for r in grids[0]] == [r["loss_per_sequence"] for r in grids[1]]
 
 

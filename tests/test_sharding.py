@@ -22,7 +22,8 @@ from failure_helpers import results_on_host_devices, tiny
 from jax.sharding import PartitionSpec as P
 from tiers import FULL
 
-from moejax import build, compat, sharding
+from moejax import build, sharding
+from moejax.backend import compat
 from moejax.errors import UserError
 from moejax.nn import stack
 from moejax.nn.model import layer_segments

@@ -23,7 +23,8 @@ from requires import needs_tokamax, tokamax_kernels
 from test_dispatch import _check_grads, _naive_grads, naive_moe
 from test_dropless import E, _case, _grad_fns, routing
 
-from moejax import aot, compat
+from moejax import aot
+from moejax.backend import compat
 from moejax.errors import UserError
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans

@@ -226,3 +226,24 @@ def test_prepare_refuses_a_bad_model_file_before_the_scan_and_writes_nothing(
   c = in_memory_cfg(f"sp:{tmp_path}/bad.model")
   one_line(lambda: prepare_lib.prepare(as_data(c), str(out), log=print), "bad.model", "SentencePiece")
   assert not out.exists() or not os.listdir(out)
+
+
+def test_hf_export_of_a_bpe_run_names_its_eos_for_transformers(tmp_path):
+  """A locally trained BPE is exported as tokenizer.json with a tokenizer_config.json, so
+  that transformers' AutoTokenizer (and lm-eval's HF model) reads the run's EOS by id."""
+  import transformers
+
+  docs = ["def f(x):\n  return x + 1\n", "class A:\n  pass\n"] * 20
+  bpe = tokenizer.BPETokenizer.train(docs, vocab_size=300)
+  path = tmp_path / "bpe.json"
+  bpe.save(str(path))
+  out = tmp_path / "out"
+  out.mkdir()
+  c = ml_collections.ConfigDict({"data": {"tokenizer": "bpe"}})
+  saved = {"resolved": {"data": {"tokenizer": {"path": str(path), "eos_id": bpe.eos_id}}}}
+  exporter.copy_tokenizer(c, saved, str(out))
+  assert sorted(os.listdir(out)) == ["tokenizer.json", "tokenizer_config.json"]
+  hf = transformers.AutoTokenizer.from_pretrained(str(out))
+  assert hf.eos_token_id == bpe.eos_id
+  text = "def g(y):\n  return y\n"
+  assert hf.encode(text, add_special_tokens=False) == bpe.encode(text).tolist()

@@ -1,6 +1,7 @@
 """Writes experiments/calibration/README.md and figures/ from the committed run results.
 
-    python experiments/calibration/report.py [--results DIR] [--out DIR]
+    python experiments/calibration/report.py [--results DIR] [--out DIR] [--device DIR]
+        [--retrained DIR]
 
 Every number in the README is computed here from `runs/<run>/{config.json, metrics.jsonl,
 eval/**/k_grid.jsonl}`; runs not finished yet are listed as missing, never estimated. Where
@@ -23,6 +24,7 @@ import elastic
 import figures
 import hypotheses
 import results as res
+import retrained
 import scale
 import sweep as sweep_file
 import tables
@@ -74,6 +76,7 @@ def build(
   results_dir: pathlib.Path,
   out_dir: pathlib.Path,
   device_dir: pathlib.Path = device_report.DEVICE_DIR,
+  retrained_dir: pathlib.Path | None = None,
 ) -> str:
   sweep = sweep_file.get_sweep()
   runs = res.load_all(results_dir, sweep.runs)
@@ -94,6 +97,9 @@ def build(
   device = device_report.section(device_dir, results_dir)  # "" until a device call returned
   if device:
     parts.append(device)
+  core_runs = {rule: group(runs, factor="A", rule=rule) for rule in sweep_file.CORE_RULES}
+  if retrained_dir is not None and retrained_dir.is_dir():
+    parts.append(retrained.statements(core_runs, retrained_dir))
   if pan:
     figures.delta_vs_k1(pan, best, fig_dir / "delta_vs_k1.png")
     figures.delta_vs_gain(list(runs.values()), fig_dir / "delta_vs_gain.png")
@@ -145,8 +151,12 @@ def main(argv=None) -> int:
   p.add_argument(
     "--device", type=pathlib.Path, default=device_report.DEVICE_DIR, help="device_study.py's files"
   )
+  p.add_argument(
+    "--retrained", type=pathlib.Path, default=HERE / "runs_tasks",
+    help="factor A retrained at 10 seeds (sweep_tasks.py, tasks_grid.py)",
+  )  # fmt: skip
   a = p.parse_args(argv)
-  build(a.results, a.out, a.device)
+  build(a.results, a.out, a.device, a.retrained)
   print(f"wrote {a.out / 'README.md'}")
   return 0
 

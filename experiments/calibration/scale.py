@@ -149,13 +149,16 @@ def mean_of(arrays: list) -> float:
 
 
 def kept_interval(num: list, den: list, seed: int = 0) -> tuple[float, float]:
-  """Bootstrap CI of the kept fraction at one size (sequences, then seeds, resampled)."""
+  """Bootstrap CI of the kept fraction at one size (sequences, then seeds, resampled). A draw
+  whose Δ(k2=k1) is exactly 0 (possible for accuracy, whose per-item Δ is 0 on most items)
+  has no fraction and is left out (NaN)."""
   rng = np.random.default_rng(seed)
   n_seq, n_seeds = num[0].size, len(num)
   out = np.empty(RESAMPLES)
   for b in range(RESAMPLES):
     seq, seeds = rng.integers(0, n_seq, n_seq), rng.integers(0, n_seeds, n_seeds)
-    out[b] = _resample(num, seeds, seq) / _resample(den, seeds, seq)
+    den_b = _resample(den, seeds, seq)
+    out[b] = _resample(num, seeds, seq) / den_b if den_b else float("nan")
   return _percentiles(out)
 
 

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from moejax import sharding
 from moejax.aot import memory, programs, targets
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.config.sections import MeshConfig
 from moejax.errors import UserError
 

@@ -76,7 +76,7 @@ FREE = (  # ops that launch nothing: views, tuples, control
   "get-dimension-size",
 )
 # custom calls that launch nothing: an uninitialized buffer (XLA:GPU gives one to a scan's
-# stacked output that every trip overwrites, `moejax.compile_options`)
+# stacked output that every trip overwrites, `moejax.backend.compile_options`)
 FREE_TARGETS = ("AllocateBuffer",)
 
 

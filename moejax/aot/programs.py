@@ -21,10 +21,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import build, compat, sharding
+from moejax import build, sharding
+from moejax.backend import compat
 from moejax.aot import cache, custom_calls, loops, memory
 from moejax.aot.targets import Target
-from moejax.config import RunConfig, sections
+from moejax.config import sections
+from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.kernels import dispatch
 from moejax.kgrid.forward import CellForward

@@ -31,7 +31,7 @@ from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import compat, compile_options
+from moejax.backend import compat, compile_options
 from moejax.aot import memory
 from moejax.errors import UserError
 

@@ -1,24 +1,41 @@
-"""The run configuration: every section a typed, frozen dataclass (`sections`, and the
-builders' own: ModelConfig, MoEConfig, LossConfig, DataConfig), `base_config()` written from
-them (`defaults`), `reader.resolve` (the one reader of a ConfigDict: it checks every key and builds
-the typed `RunConfig`), the cross-section checks (`checks`) and the keys' table (`table`,
-docs/config.md)."""
+"""The run configuration: every key's metadata (`schema`), every section a typed, frozen
+dataclass (`sections`, and the builders' own: ModelConfig, MoEConfig, LossConfig, DataConfig),
+`base_config()` written from them (`defaults`), `reader.resolve` (the one reader of a
+ConfigDict: it checks every key and builds the typed `RunConfig`), the checks that span
+sections (`checks`, the k-grid's `eval.k1`/`eval.k2` labels among them, parsed by
+`grid_labels`) and the keys' table (`table`, docs/config.md).
 
-from moejax.config.checks import warnings
-from moejax.config.defaults import SECTIONS, base_config, preset_base, section_defaults
-from moejax.config.reader import from_values, merge_rule, resolve, resolve_data, typed
-from moejax.config.run import RunConfig
+This file imports nothing: `moejax.nn` and `moejax.data` import `moejax.config.schema` (their
+dataclasses' key metadata), which runs it first, and the modules here import `moejax.nn`.
+The names below are for config files and scripts (`from moejax import config;
+config.base_config()`), each imported from its module on first use; code in `moejax/`
+imports the module itself (`from moejax.config.reader import resolve`), so that
+tests/test_imports.py sees the edge.
+"""
 
-__all__ = [
-  "SECTIONS",
-  "RunConfig",
-  "base_config",
-  "from_values",
-  "merge_rule",
-  "preset_base",
-  "resolve",
-  "resolve_data",
-  "section_defaults",
-  "typed",
-  "warnings",
-]
+from __future__ import annotations
+
+import importlib
+
+# name -> the module of this package that defines it
+EXPORTS = {
+  "SECTIONS": "defaults",
+  "base_config": "defaults",
+  "preset_base": "defaults",
+  "section_defaults": "defaults",
+  "from_values": "reader",
+  "merge_rule": "reader",
+  "resolve": "reader",
+  "resolve_data": "reader",
+  "typed": "reader",
+  "RunConfig": "run",
+  "warnings": "checks",
+}
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str):
+  module = EXPORTS.get(name)
+  if module is None:  # also how `from moejax.config import reader` finds a submodule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return getattr(importlib.import_module(f"{__name__}.{module}"), name)

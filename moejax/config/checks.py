@@ -1,16 +1,18 @@
 """A config checked before anything is built: every key of the ConfigDict known and of its
 default's type (`check_keys`, on the user-facing form), then, on the typed RunConfig, the
-checks that span sections (`check_run`). Each key's own choices and bounds are checked once,
-by its section's dataclass from the key's metadata; nothing here repeats them."""
+checks that span sections (`check_run`; the k-grid's `eval.k1`/`eval.k2` among them). Each
+key's own choices and bounds are checked once, by its section's dataclass from the key's
+metadata; nothing here repeats them."""
 
 from __future__ import annotations
 
 import ml_collections
 
+from moejax.config import grid_labels
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.kernels import dispatch
-from moejax.schema import type_ok
+from moejax.config.schema import type_ok
 
 
 def check_keys(c: ml_collections.ConfigDict, base: ml_collections.ConfigDict, prefix="") -> None:
@@ -82,9 +84,12 @@ def _check_moe_run(rc: RunConfig) -> None:
 def check_run(rc: RunConfig) -> None:
   """The checks that span sections; each section has checked its own keys."""
   _check_batch(rc)
-  if rc.model.moe is not None:
+  moe = rc.model.moe
+  if moe is not None:
     _check_moe_run(rc)
     _check_shared(rc)
+    # the k-grid's cells, against the MoE shape: now, not after training
+    grid_labels.check_eval(rc.eval.k1, rc.eval.k2, moe.top_k, moe.n_experts)
 
 
 def warnings(rc: RunConfig) -> list[str]:

@@ -10,7 +10,7 @@ from moejax.data.config import DataConfig
 from moejax.errors import UserError
 from moejax.nn import routing
 from moejax.nn.losses import LossConfig
-from moejax.nn.model import ModelConfig
+from moejax.nn.model import VOCAB_MULTIPLE, ModelConfig
 from moejax.nn.moe import MoEConfig
 
 # `model.moe` keys that replace a field of the named rule (routing.compose_rule) when set:
@@ -29,7 +29,9 @@ LOSS_FROM_RUN = ("n_shards", "grad_accum")
 class RunConfig:
   """Every section of a run, typed. `model.vocab_size` is 0 until the tokenizer is known
   (`with_vocab`), unless the config set it; `loss.n_shards` is 1 until the mesh is
-  (`with_shards`). `tree` is the ConfigDict's values as plain dicts: config.json's keys."""
+  (`with_shards`). `tree` is the ConfigDict's values as plain dicts: config.json's keys.
+  `vocab_multiple`: what `with_vocab` pads the embedding to (1 for a run saved before
+  the padding, `moejax.training.workdir.from_saved`)."""
 
   model: ModelConfig
   loss: LossConfig
@@ -40,6 +42,7 @@ class RunConfig:
   wandb: sections.WandbConfig
   mesh: sections.MeshConfig
   tree: dict = dataclasses.field(repr=False, compare=False)
+  vocab_multiple: int = VOCAB_MULTIPLE
 
   @property
   def moe(self) -> MoEConfig | None:
@@ -54,14 +57,19 @@ class RunConfig:
     return routing.rule_dict(self.rule) if self.rule is not None else {}
 
   def with_vocab(self, tokenizer_vocab: int) -> RunConfig:
-    """The model's vocabulary resolved: `model.vocab_size`, or the tokenizer's when 0."""
+    """The model's vocabulary resolved: `model.vocab_size`, or the tokenizer's when 0; the
+    embedding padded to a multiple of `vocab_multiple` rows (`ModelConfig.padded_vocab`),
+    an explicit `model.vocab_size` too (its ids are the scored ones; the padding's are
+    masked)."""
     set_vocab = self.tree["model"]["vocab_size"]
     if 0 < set_vocab < tokenizer_vocab:
       raise UserError(
         f"model.vocab_size={set_vocab} is below the tokenizer's {tokenizer_vocab}; "
         f"use 0 (the tokenizer's) or >= {tokenizer_vocab}"
       )
-    model = dataclasses.replace(self.model, vocab_size=set_vocab or tokenizer_vocab)
+    model = dataclasses.replace(
+      self.model, vocab_size=set_vocab or tokenizer_vocab, vocab_multiple=self.vocab_multiple
+    )
     return dataclasses.replace(self, model=model)
 
   def with_shards(self, n_shards: int) -> RunConfig:

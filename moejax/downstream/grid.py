@@ -18,7 +18,8 @@ import numpy as np
 from lm_eval import evaluator
 
 from moejax import distributed
-from moejax.config import RunConfig
+from moejax.config import grid_labels
+from moejax.config.run import RunConfig
 from moejax.downstream import report, scoring
 from moejax.downstream import tasks as tasks_lib
 from moejax.downstream.lm import MoejaxLM
@@ -55,8 +56,8 @@ def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
 def _cells(rc: RunConfig, k1: str, k2: str) -> tuple[list, list[str]]:
   """The grid's cells (arguments win over the run's eval.k1/k2), the reference first."""
   K, E = rc.moe.top_k, rc.moe.n_experts
-  k1s = cells_lib.parse_k1(k1 or rc.eval.k1, K, E)
-  labels = cells_lib.parse_k2(k2 or rc.eval.k2, K, E, k1s)
+  k1s = grid_labels.parse_k1(k1 or rc.eval.k1, K, E)
+  labels = grid_labels.parse_k2(k2 or rc.eval.k2, K, E, k1s)
   return cells_lib.cells(k1s, labels, K, E, normalizes=rc.rule.norm != "none")
 
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.data import pipeline as data_lib
 from moejax.data import stream
 from moejax.data.tokenizer import Tokenizer

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import compile_options
+from moejax.backend import compile_options
 from moejax.errors import UserError
 from moejax.nn.overrides import Overrides
 

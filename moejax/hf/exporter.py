@@ -15,9 +15,10 @@ import shutil
 
 import numpy as np
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
@@ -85,6 +86,22 @@ def copy_tokenizer(rc: RunConfig, saved: dict, out: str) -> None:
   for path, name in zip(paths, names):
     if os.path.isfile(path):
       shutil.copy(path, os.path.join(out, name))
+  eos = saved.get("resolved", {}).get("data", {}).get("tokenizer", {}).get("eos_id")
+  write_tokenizer_config(out, eos)
+
+
+def write_tokenizer_config(out: str, eos_id: int | None) -> None:
+  """A tokenizer_config.json beside a tokenizer.json that came without one (a locally trained
+  BPE): transformers' fast tokenizer class and the run's EOS token by name, which
+  `AutoTokenizer` (and lm-eval's HF model, whose prefix token it is) would otherwise lack."""
+  tok_json, cfg = (os.path.join(out, n) for n in ("tokenizer.json", "tokenizer_config.json"))
+  if not os.path.isfile(tok_json) or os.path.isfile(cfg):
+    return
+  values = {"tokenizer_class": "PreTrainedTokenizerFast"}
+  if eos_id is not None:
+    values["eos_token"] = Tokenizer.from_file(tok_json).id_to_token(int(eos_id))
+  with open(cfg, "w") as f:
+    json.dump(values, f, indent=2)
 
 
 def export_run(workdir: str, out: str, step: int | None = None, log=print) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.nn.model import is_moe_layer

@@ -8,22 +8,20 @@ the stacks, and each layer's tensors fill its row in place.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 
 import numpy as np
-from safetensors import safe_open
 from tqdm import tqdm
 
 from moejax import build
-from moejax import config as config_lib
 from moejax.data.tokenizer import HFTokenizer
 from moejax.errors import UserError
 from moejax.hf import families as fl
 from moejax.hf import hfconfig, runstate, tensors
-from moejax.validate import validate
+from moejax.config.reader import from_values, resolve
+from moejax.hf.shard import Shard, header
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -56,8 +54,7 @@ def tensor_index(files: list[str]) -> dict[str, str]:
   """Tensor name → shard file, from the shard headers only."""
   where: dict[str, str] = {}
   for path in files:
-    with safe_open(path, framework="np") as f:
-      where.update(dict.fromkeys(f.keys(), path))
+    where.update(dict.fromkeys(header(path), path))
   return where
 
 
@@ -120,37 +117,22 @@ def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool) -> dict[str, lis
   return by_name
 
 
-class _Shard:
-  """One open shard: numpy reads, and jax reads for bfloat16 (numpy has no bfloat16)."""
-
-  def __init__(self, path: str, stack: contextlib.ExitStack):
-    self.path, self._stack, self._jax = path, stack, None
-    self.np = stack.enter_context(safe_open(path, framework="np"))
-
-  def read(self, name: str) -> np.ndarray:
-    if self.np.get_slice(name).get_dtype() != "BF16":
-      return self.np.get_tensor(name).astype(np.float32, copy=False)
-    if self._jax is None:
-      self._jax = self._stack.enter_context(safe_open(self.path, framework="flax"))
-    return np.asarray(self._jax.get_tensor(name).astype(np.float32))
-
-
 def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> None:
-  """Fills `arrays` from every shard, one tensor at a time, checking shapes."""
+  """Fills `arrays` from every shard, one tensor at a time (in file order), checking shapes;
+  each tensor is converted to float32 as it is copied into its place, no other copy."""
   for path in tqdm(files, desc="import shards", unit="shard", disable=not progress):
-    with contextlib.ExitStack() as stack:
-      shard = _Shard(path, stack)
-      for name in shard.np.keys():  # noqa: SIM118  (a safetensors handle, not a dict)
-        for spec in by_name.get(name, ()):
-          dest = spec.view(arrays)  # in place: a layer's row of a stack, an expert's slice
-          value = spec.to_moejax(shard.read(name))
-          if value.shape != dest.shape:
-            hf_shape = list(shard.np.get_slice(name).get_shape())
+    with Shard(path) as shard:
+      for name, entry in shard.entries.items():
+        fills = [(spec, spec.view(arrays)) for spec in by_name.get(name, ())]
+        for spec, dest in fills:  # in place: a layer's row of a stack, an expert's slice
+          if spec.moejax_shape(entry.shape) != dest.shape:
             raise UserError(
-              f"tensor {name} in {path} has shape {hf_shape}, which does not fit "
+              f"tensor {name} in {path} has shape {list(entry.shape)}, which does not fit "
               f"moejax's {spec.where()} {list(dest.shape)}"
             )
-          dest[...] = value
+        value = shard.read(name) if fills else None
+        for spec, dest in fills:
+          dest[...] = spec.to_moejax(value)
 
 
 def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=print) -> dict:
@@ -162,20 +144,25 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   files = shard_files(src)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
-  rc = validate(config_lib.from_values(config_values(hf, fam, src, opts, tokenizer)))
-  mc = rc.model
+  rc = resolve(from_values(config_values(hf, fam, src, opts, tokenizer)))
   tok = HFTokenizer(tokenizer[3:])
-  if tok.vocab_size > mc.vocab_size:
-    raise UserError(f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {mc.vocab_size}")
+  if tok.vocab_size > rc.model.vocab_size:
+    raise UserError(
+      f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {rc.model.vocab_size}"
+    )
+  mc = rc.with_vocab(tok.vocab_size).model  # the checkpoint's vocab, its embedding padded
   by_name = plan(mc, fam, tensor_index(files), mc.tie_embeddings)
   _, state = runstate.abstract(mc)
   arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
+  tensors.zero_vocab_padding(mc, arrays)
   stream(files, by_name, arrays, progress=opts.get("progress", True))
   runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})
   n_params = build.count_params(state["params"], mc.moe).total
   out = dict(rc.tree)
   out["resolved"] = {
     "vocab_size": mc.vocab_size,
+    "vocab_multiple": mc.vocab_multiple,  # the embedding's rows: vocab_size rounded up
+    "padded_vocab_size": mc.padded_vocab,
     "n_params": n_params,
     "hf_import": {"source": os.path.abspath(src), "family": fam.name, "config": hf},
   }

@@ -17,11 +17,17 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from moejax import build
-from moejax.nn.model import ModelConfig, Transformer
+from moejax.nn.model import ModelConfig
 from moejax.training import checkpoint
 from moejax.training import step as step_lib
 
 Path = tuple
+# Each array is written as zarr chunks of at most this many bytes. Orbax writes every array
+# of the tree at once, and unchunked each one is a single chunk that tensorstore compresses
+# whole, so the compressed copies of the largest stacks were most of the write's memory
+# (the before/after peaks: benchmarks/results/hf_import_memory.json). Restores read any
+# chunking.
+CHUNK_BYTES = 4 * 2**20
 
 
 def _key(k) -> Any:
@@ -60,8 +66,8 @@ def _writer(workdir: str) -> ocp.CheckpointManager:
   """`checkpoint.manager`'s layout, written without a second copy of the model: orbax's
   default NumpyHandler deep-copies every host array before its async write, and OCDBT
   buffers the compressed data of the whole tree (both measured: +1.0× and +0.5× the
-  float32 model). Per-array zarr files, compressed, keep the write at ~+100 MiB; orbax
-  restores either format."""
+  float32 model). Per-array zarr files, compressed in chunks of `CHUNK_BYTES`, keep the
+  write's own memory small; orbax restores either format."""
   registry = ocp.type_handlers.create_type_handler_registry(
     (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
     (jax.Array, ocp.type_handlers.ArrayHandler()),
@@ -82,7 +88,10 @@ def save(workdir: str, state: dict, data_state: dict) -> None:
   absl_logger, level = logging.getLogger("absl"), logging.getLogger("absl").level
   absl_logger.setLevel(logging.ERROR)  # "Skipping merge of OCDBT checkpoints": none to merge
   try:
-    args = ocp.args.Composite(state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data_state))
+    chunked = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), state)
+    args = ocp.args.Composite(
+      state=ocp.args.PyTreeSave(state, save_args=chunked), data=ocp.args.JsonSave(data_state)
+    )
     mngr.save(0, args=args, force=True)
     mngr.wait_until_finished()
   finally:
@@ -103,10 +112,3 @@ def restore_params(workdir: str, state: dict, step: int | None = None) -> dict[P
   """Parameter path → float32 numpy array, from the run's checkpoint."""
   flat = jax.tree_util.tree_leaves_with_path(restore(workdir, state, step)[1]["params"])
   return {param_path(p): np.asarray(leaf, np.float32) for p, leaf in flat}
-
-
-def load_model(workdir: str, mc: ModelConfig, step: int | None = None) -> Transformer:
-  """The run's Transformer with its checkpointed weights (for tests and inspection)."""
-  graphdef, state = abstract(mc)
-  restored = restore(workdir, state, step)[1]
-  return nnx.merge(graphdef, restored["params"], restored["router"])

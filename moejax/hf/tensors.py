@@ -36,11 +36,13 @@ class Spec(NamedTuple):
   transpose: bool = False  # swap the last two axes
   layer_row: int | None = None  # the layer's row in a scanned stack [R, ...]
   cols: tuple[int, int] | None = None  # moejax columns [a, b) of the last axis (gate or up)
+  rows: int | None = None  # the first rows of the first axis (a padded embedding's vocab)
 
   def view(self, arrays: dict[Path, np.ndarray]) -> np.ndarray:
     """The array, layer row, expert slice or gate/up half of `arrays` this tensor is: a view,
     not a copy."""
     a = arrays[self.path]
+    a = a if self.rows is None else a[: self.rows]
     a = a if self.layer_row is None else a[self.layer_row]
     a = a if self.index is None else a[self.index]
     return a if self.cols is None else a[..., self.cols[0] : self.cols[1]]
@@ -48,8 +50,13 @@ class Spec(NamedTuple):
   def where(self) -> str:
     """The moejax side for messages: 'stacks.1.blocks.0.mlp.router.kernel[row 2]'."""
     row = "" if self.layer_row is None else f"[row {self.layer_row}]"
+    row += "" if self.rows is None else f"[:{self.rows}]"
     cols = "" if self.cols is None else f"[..., {self.cols[0]}:{self.cols[1]}]"
     return ".".join(map(str, self.path)) + row + cols
+
+  def moejax_shape(self, hf_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `to_moejax` gives a tensor of `hf_shape`."""
+    return (*hf_shape[:-2], hf_shape[-1], hf_shape[-2]) if self.transpose else tuple(hf_shape)
 
   def to_moejax(self, hf_array: np.ndarray) -> np.ndarray:
     """The HF tensor as the moejax array (or expert slice) it fills."""
@@ -102,8 +109,10 @@ def _moe(mc: ModelConfig, fam: Family, i: int, fused: bool) -> list[Spec]:
 
 def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset()) -> list[Spec]:
   """Every tensor of the HF checkpoint, in HF order, mapped onto moejax's parameters (rows
-  of the stacks when `mc.scan_layers`)."""
-  out = [Spec("model.embed_tokens.weight", ("embed", "embedding"))]
+  of the stacks when `mc.scan_layers`). A padded vocabulary (`mc.padded_vocab`) maps its
+  first `mc.vocab_size` rows: the HF checkpoint holds the real ids only."""
+  padded = mc.padded_vocab > mc.vocab_size
+  out = [Spec("model.embed_tokens.weight", ("embed", "embedding"), rows=_rows(mc))]
   for i in range(mc.n_layers):
     p = f"model.layers.{i}."
     out.append(Spec(f"{p}input_layernorm.weight", ("layers", i, "attn_norm", "scale")))
@@ -116,12 +125,27 @@ def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset
       out += _ffn(f"{p}mlp.", ("layers", i, "mlp"), names, mc.d_ff)
   out.append(Spec("model.norm.weight", ("final_norm", "scale")))
   if not mc.tie_embeddings:
-    out.append(Spec("lm_head.weight", ("lm_head", "kernel"), None, True))
+    vocab_cols = (0, mc.vocab_size) if padded else None
+    out.append(Spec("lm_head.weight", ("lm_head", "kernel"), None, True, cols=vocab_cols))
   if not mc.scan_layers:
     return out
   segs = layer_segments(mc)
   heads = {i: stack.scanned_path(("layers", i), segs) for i in range(mc.n_layers)}
   return [_scanned(s, heads) for s in out]
+
+
+def _rows(mc: ModelConfig) -> int | None:
+  """The embedding rows an HF tensor maps: the real vocab of a padded one, else all."""
+  return mc.vocab_size if mc.padded_vocab > mc.vocab_size else None
+
+
+def zero_vocab_padding(mc: ModelConfig, arrays: dict[Path, np.ndarray]) -> None:
+  """The padded vocab rows (embedding) and columns (untied head) of `arrays` set to 0, as
+  a trained run holds them: an import fills only the real ones."""
+  n = mc.vocab_size
+  arrays[("embed", "embedding")][n:] = 0
+  if not mc.tie_embeddings:
+    arrays[("lm_head", "kernel")][..., n:] = 0
 
 
 def _scanned(spec: Spec, heads: dict[int, tuple[Path, int]]) -> Spec:

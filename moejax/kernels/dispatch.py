@@ -9,7 +9,7 @@ when the program is traced. `impl="auto"` is a lookup per platform (`registry.AU
 resolved for the platform the program is lowered for, not the host's backend: the context
 mesh's platform where it names one (the trainer's steps, an AOT target's; only that kernel is
 traced), else `jax.lax.platform_dependent` over every platform's kernel, so an export for
-`("cuda",)` from a CPU machine carries the GPU choice (`moejax.platforms`).
+`("cuda",)` from a CPU machine carries the GPU choice (`moejax.backend.platforms`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax import platforms, sharding
+from moejax import sharding
+from moejax.backend import platforms
 from moejax.errors import UserError, check_choice
 from moejax.kernels import plans
 from moejax.kernels.grouped import Blocks

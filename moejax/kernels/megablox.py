@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax import platforms
+from moejax.backend import platforms
 from moejax.kernels import plans, residuals
 
 # the kernel module (the package's `gmm` attribute is its custom-VJP function, not the module)

@@ -49,7 +49,7 @@ import numpy as np
 import tokamax
 from absl import flags
 
-from moejax import platforms
+from moejax.backend import platforms
 from moejax.kernels import plans, residuals
 
 # (lhs, rhs) dimension numbers of the three products, as `tokamax.ragged_dot_general` takes them

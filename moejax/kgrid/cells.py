@@ -1,8 +1,6 @@
-"""Which cells a grid runs: k1 values, k2 labels, and their resolution per k1 (docs/design.md §7).
-
-k1 is the number of experts activated at inference. k2 is an integer denominator override
-(p_i = s_i / Σ_{top-k2} s_j), `native` (the trained rule's own normalization), or one of the
-rescaling cells `sqrt` and `gain` (native coefficients times a per-layer scalar).
+"""Which cells a grid runs: the k1 values and k2 labels (parsed by `moejax.config.grid_labels`,
+where a run config's check reads them) resolved per k1 into cells (docs/design.md §7), and
+what each rescaling cell computes (`RESCALINGS`).
 """
 
 from __future__ import annotations
@@ -12,17 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from moejax.errors import UserError
+from moejax.config.grid_labels import NAMED_K2, NATIVE
 from moejax.kgrid import gain
-
-NATIVE = "native"
-NAMED_K2 = {  # label -> k2 as a function of (k1, K, E)
-  "k1": lambda k1, K, E: k1,
-  "K": lambda k1, K, E: K,
-  "2K": lambda k1, K, E: 2 * K,
-  "4K": lambda k1, K, E: 4 * K,
-  "E": lambda k1, K, E: E,
-}
 
 
 class Rescaling(NamedTuple):
@@ -34,14 +23,13 @@ class Rescaling(NamedTuple):
   calibrated: bool = False  # fitted on the calibration split (eval.gain_sequences windows)
 
 
-# The rescaling cells, in report column order: adding one is one entry here (the grid,
-# the report and the dashboards iterate this table). Neither runs at k1 = K (native there).
+# The rescaling cells, in report column order (grid_labels.RESCALED, where a config's check
+# reads their labels): adding one is its label there and its entry here (the grid, the report
+# and the dashboards iterate this table). Neither runs at k1 = K (native there).
 RESCALINGS: dict[str, Rescaling] = {
   "sqrt": Rescaling(gain.sqrt_cell, column="sqrt √(k1/K)", needs_norm=True),
   "gain": Rescaling(gain.gain_cell, column="gain", calibrated=True),
 }
-LABELS = (NATIVE, *NAMED_K2, *RESCALINGS)
-DEFAULT_K2 = "native,k1,K,2K,E"  # docs/design.md §7
 
 Cell = tuple[int, int | str]  # (k1, k2): k2 an int, "native", "sqrt" or "gain"
 
@@ -52,7 +40,7 @@ QUARTER_PREFIX = "eval/delta_k1_quarter/"
 
 def relative_label(k1: int, k2: int | str, K: int, E: int) -> str:
   """The k2 of a cell as a label that means the same thing in every run: the first of
-  LABELS that resolves to it (`k1` before `K`, ...), else the integer as text."""
+  grid_labels.LABELS that resolves to it (`k1` before `K`, ...), else the integer as text."""
   if isinstance(k2, str):
     return k2
   for label, fn in NAMED_K2.items():
@@ -67,44 +55,6 @@ def quarter_summary(rows: list[dict], K: int, E: int) -> dict[str, float]:
   return {
     QUARTER_PREFIX + relative_label(k1, r["k2"], K, E): r["delta"] for r in rows if r["k1"] == k1
   }
-
-
-def default_k1(K: int) -> list[int]:
-  """K, K/2, K/4, ..., 1."""
-  out, k = [], K
-  while k >= 1:
-    out.append(k)
-    k //= 2
-  return out if out[-1] == 1 else out + [1]
-
-
-def parse_k1(spec: str, K: int, E: int) -> list[int]:
-  """`--k1 8,4,2` (or empty for the default halving ladder); each in [1, E], descending."""
-  if not spec:
-    return default_k1(K)
-  out = []
-  for tok in spec.split(","):
-    tok = tok.strip()
-    if not tok.isdigit() or not 1 <= int(tok) <= E:
-      raise UserError(f"--k1 value {tok!r} is not allowed; use integers in [1, E={E}]")
-    out.append(int(tok))
-  return sorted(set(out), reverse=True)
-
-
-def parse_k2(spec: str, K: int, E: int, k1s: list[int]) -> list[str | int]:
-  """`--k2 native,k1,K,2K,4K,E,16,sqrt,gain`: labels resolved per k1 by `cells`."""
-  out: list[str | int] = []
-  for tok in (t.strip() for t in (spec or DEFAULT_K2).split(",")):
-    if tok in LABELS:
-      out.append(tok)
-    elif tok.isdigit() and min(k1s) <= int(tok) <= E:
-      out.append(int(tok))
-    else:
-      raise UserError(
-        f"--k2 value {tok!r} is not allowed; use {', '.join(LABELS)} or an "
-        f"integer in [min k1={min(k1s)}, E={E}] (k2 >= k1)"
-      )
-  return out
 
 
 def cells(
@@ -139,16 +89,3 @@ def cells(
 def calibrated(labels: list[str | int]) -> list[str]:
   """The labels of `labels` whose cells are fitted on the calibration split (`gain`)."""
   return [k2 for k2 in dict.fromkeys(labels) if k2 in RESCALINGS and RESCALINGS[k2].calibrated]
-
-
-def check_eval(rc) -> None:
-  """A RunConfig's eval.k1/eval.k2 parse now, not after training (`python -m moejax.train`
-  checks them with the rest of the config, before anything is built)."""
-  ev, moe = rc.eval, rc.model.moe
-  if not (ev.k1 or ev.k2) or moe is None:
-    return
-  K, E = moe.top_k, moe.n_experts
-  try:
-    parse_k2(ev.k2, K, E, parse_k1(ev.k1, K, E))
-  except UserError as e:
-    raise UserError(f"eval.k1={ev.k1!r}, eval.k2={ev.k2!r}: {e}") from None

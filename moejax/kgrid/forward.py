@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import compile_options
+from moejax.backend import compile_options
 from moejax.kgrid import masses
 from moejax.nn.model import moe_biases
 from moejax.nn.moe import RouterOut

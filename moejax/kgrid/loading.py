@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.build import abstract_transformer
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.data import pipeline as data_lib
 from moejax.errors import UserError
 from moejax.nn.model import moe_layers

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from moejax.errors import UserError
-from moejax.kgrid.cells import NATIVE, RESCALINGS
+from moejax.config.grid_labels import NATIVE
+from moejax.kgrid.cells import RESCALINGS
 
 SIG_P = 0.05
 _NAMED = (NATIVE, *RESCALINGS)

@@ -16,7 +16,9 @@ import os
 import numpy as np
 
 from moejax import distributed, runio
-from moejax.config import RunConfig
+from moejax.config import grid_labels
+from moejax.config.run import RunConfig
+from moejax.config.sections import EvalConfig
 from moejax.data import corpora
 from moejax.data.config import DataConfig
 from moejax.errors import UserError
@@ -34,13 +36,6 @@ def _batches(windows_NxL1: np.ndarray, batch_size: int) -> list[np.ndarray]:
     np.ascontiguousarray(windows_NxL1[i : i + batch_size], np.int32)
     for i in range(0, len(windows_NxL1), batch_size)
   ]
-
-
-def _check_args(**values) -> None:
-  minimum = {"sequences": 1, "batch_size": 1, "resamples": 1000, "gain_sequences": 1}
-  for name, value in values.items():
-    if value is not None and value < minimum[name]:
-      raise UserError(f"--{name}={value} is not allowed; use an int >= {minimum[name]}")
 
 
 def _split(
@@ -67,35 +62,24 @@ def _output_dir(workdir: str, step: int | None) -> str:
 
 
 def run_grid(
-  workdir: str,
-  *,
-  step: int | None = None,
-  k1: str = "",
-  k2: str = "",
-  sequences: int | None = None,
-  batch_size: int | None = None,
-  resamples: int | None = None,
-  gain_sequences: int | None = None,
-  log=print,
+  workdir: str, ev: EvalConfig | None = None, *, step: int | None = None, log=print
 ) -> list[dict]:
-  """Runs every cell and writes the grid files; returns the rows."""
+  """Runs every cell of the grid `ev` (None: the run's saved `eval.*`; the evaluate CLI's
+  flags set keys of it) on checkpoint `step` (None: the latest) and writes the grid files;
+  returns the rows."""
   rc = load_config(workdir)
-  _check_args(
-    sequences=sequences, batch_size=batch_size, resamples=resamples, gain_sequences=gain_sequences
-  )
+  ev = rc.eval if ev is None else ev
   if rc.moe is None:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
-  ev, rule = rc.eval, rc.rule
   K, E = rc.moe.top_k, rc.moe.n_experts
-  k1s = cells_lib.parse_k1(k1 or ev.k1, K, E)  # arguments win over the run's eval.k1/k2
-  labels = cells_lib.parse_k2(k2 or ev.k2, K, E, k1s)
-  cells, notes = cells_lib.cells(k1s, labels, K, E, normalizes=rule.norm != "none")
+  k1s = grid_labels.parse_k1(ev.k1, K, E)
+  labels = grid_labels.parse_k2(ev.k2, K, E, k1s)
+  cells, notes = cells_lib.cells(k1s, labels, K, E, normalizes=rc.rule.norm != "none")
   run = load_run(workdir, rc, step)
   fitted = cells_lib.calibrated(labels)
-  n_calib = (gain_sequences or ev.gain_sequences) if fitted else 0
-  n_eval = sequences or ev.sequences
-  evaluated, calib = _split(run.heldout_NxL1, n_eval, n_calib, log, ",".join(fitted))
-  bs = batch_size or ev.batch_size
+  n_calib = ev.gain_sequences if fitted else 0
+  evaluated, calib = _split(run.heldout_NxL1, ev.sequences, n_calib, log, ",".join(fitted))
+  bs = ev.batch_size
   batches = _batches(evaluated, bs)
   log(
     f"k-grid of {workdir} step {run.step}: {len(cells)} cells on {len(evaluated)} held-out "
@@ -103,8 +87,8 @@ def run_grid(
   )
   fwd = CellForward(run.graphdef, run.params, run.router, run.n_moe_layers)
   results, scales = _run_cells(fwd, cells, batches, _batches(calib, bs), K, run.n_moe_layers)
-  ref = results[(K, cells_lib.NATIVE)]
-  resamples = resamples or ev.bootstrap_resamples
+  ref = results[(K, grid_labels.NATIVE)]
+  resamples = ev.bootstrap_resamples
   heldout = heldout_info(rc.data, len(evaluated), len(run.heldout_NxL1))
   rows = [
     dict(

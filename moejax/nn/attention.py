@@ -35,7 +35,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax import platforms, sharding
+from moejax import sharding
+from moejax.backend import platforms
 from moejax.errors import UserError
 from moejax.kernels import registry
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax import platforms
+from moejax.backend import platforms
 from moejax.errors import UserError
 from moejax.nn import elastic, remat, stack
 from moejax.nn.attention import ATTENTION_IMPLS
@@ -21,7 +21,12 @@ from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNor
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
-from moejax.schema import check_fields, key
+from moejax.config.schema import check_fields, key
+
+# A run's embedding has its vocabulary rounded up to a multiple of this many rows (MaxText's
+# and llm.c's convention: whole tiles for the head's matmul and the vocab axis's shards);
+# the ids past the vocabulary are masked out of every score (`mask_padded_vocab`).
+VOCAB_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +38,9 @@ class ModelConfig:
   `remat` names a block rematerialization policy (`moejax.nn.remat.REMAT_POLICIES`),
   `attention` an attention implementation (`moejax.nn.attention.ATTENTION_IMPLS`)."""
 
-  vocab_size: int = key(0, "vocabulary size (0: the tokenizer's)", ge=0)
+  vocab_size: int = key(
+    0, "vocabulary size (0: the tokenizer's); the embedding pads it to a multiple of 128 rows", ge=0
+  )
   d_model: int = key(128, "residual stream width", ge=1)
   n_layers: int = key(4, "Transformer blocks", ge=1)
   n_heads: int = key(4, "query heads", ge=1)
@@ -78,6 +85,9 @@ class ModelConfig:
   not_modelled: str = key(
     "", "what the source architecture has that this model lacks (the worksheet prints it)"
   )
+  # Not a config key: the embedding's rows are vocab_size rounded up to a multiple of this
+  # (`RunConfig.with_vocab` sets VOCAB_MULTIPLE; 1, unpadded, for runs saved before it).
+  vocab_multiple: int = 1
 
   def __post_init__(self):
     check_fields(self, "model")
@@ -107,9 +117,44 @@ class ModelConfig:
       raise UserError(f"model.d_ff={self.d_ff} is not allowed; dense layers need d_ff >= 1")
 
   @property
+  def padded_vocab(self) -> int:
+    """The embedding's (and untied head's) rows: vocab_size rounded up to vocab_multiple.
+    Ids from vocab_size on are never inputs or targets, and their logits are masked."""
+    return round_up_vocab(self.vocab_size, self.vocab_multiple)
+
+  @property
   def resolved_head_dim(self) -> int:
     """head_dim, or d_model // n_heads when head_dim is 0."""
     return self.head_dim or self.d_model // self.n_heads
+
+
+def round_up_vocab(vocab_size: int, multiple: int) -> int:
+  """`vocab_size` rounded up to a multiple of `multiple`."""
+  return -(-vocab_size // multiple) * multiple
+
+
+def mask_padded_vocab(logits_BxLxV: jax.Array, vocab_size: int) -> jax.Array:
+  """The logits with every id from `vocab_size` on set to the dtype's lowest finite value:
+  a softmax, log-softmax or argmax over them is the one over the first `vocab_size` ids
+  (exp underflows to exactly 0), and their gradient is 0. Finite, so p·log p stays 0."""
+  ids_V = jnp.arange(logits_BxLxV.shape[-1])
+  low = jnp.finfo(logits_BxLxV.dtype).min
+  return jnp.where(ids_V < vocab_size, logits_BxLxV, low)
+
+
+def padded_init(init: nnx.Initializer, n_real: int, axis: int) -> nnx.Initializer:
+  """`init` drawn at `n_real` along `axis` (the shape of the unpadded array, so the real rows
+  are the unpadded model's draw) and zero-padded to the full shape: padded rows start at 0,
+  get no gradient (never an input; masked logits), and so stay 0 under AdamW."""
+
+  def padded(key, shape, dtype=jnp.float32):
+    real = list(shape)
+    real[axis] = n_real
+    widths = [(0, 0)] * len(shape)
+    widths[axis] = (0, shape[axis] - n_real)
+    return jnp.pad(init(key, tuple(real), dtype), widths)
+
+  return padded
 
 
 def is_moe_layer(cfg: ModelConfig, i: int) -> bool:
@@ -169,6 +214,10 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
   """Decoder-only LM: embed → blocks → final RMSNorm → float32 logits (tied/untied head).
 
+  The embedding has `cfg.padded_vocab` rows; the logits of the padded ids (from
+  `cfg.vocab_size` on) are masked (`mask_padded_vocab`), so every loss, accuracy and
+  log-likelihood is over the real ids, as an unpadded model with the same rows scores.
+
   With `scan_layers` the blocks run as one `lax.scan` per segment of identical periods
   (`moejax.nn.stack`), their parameters stacked on a leading layer axis; without, as a
   Python loop over `layers`. Both initialize the same numbers from the same seed (the
@@ -181,12 +230,13 @@ class Transformer(nnx.Module):
     if cfg.vocab_size < 1:  # 0: the tokenizer's, which RunConfig.with_vocab resolves first
       raise ValueError(f"ModelConfig.vocab_size={cfg.vocab_size} is unresolved; use >= 1")
     self.cfg = cfg
+    V, init = cfg.padded_vocab, init_normal(cfg.init_std)
     self.embed = nnx.Embed(
-      cfg.vocab_size,
+      V,
       cfg.d_model,
       dtype=jnp.dtype(cfg.dtype),
       param_dtype=jnp.float32,
-      embedding_init=init_normal(cfg.init_std),
+      embedding_init=padded_init(init, cfg.vocab_size, 0) if V > cfg.vocab_size else init,
       rngs=rngs,
     )
     blocks = [Block(cfg, i, rngs=rngs) for i in range(cfg.n_layers)]
@@ -200,12 +250,12 @@ class Transformer(nnx.Module):
     else:
       self.lm_head = nnx.Linear(
         cfg.d_model,
-        cfg.vocab_size,
+        V,
         use_bias=False,
         dtype=jnp.dtype(cfg.dtype),
         param_dtype=jnp.float32,
         preferred_element_type=jnp.float32,
-        kernel_init=init_normal(cfg.init_std),
+        kernel_init=padded_init(init, cfg.vocab_size, 1) if V > cfg.vocab_size else init,
         rngs=rngs,
       )
 
@@ -242,6 +292,8 @@ class Transformer(nnx.Module):
       logits_BxLxV = jnp.einsum("bld,vd->blv", h_BxLxD, emb_VxD, preferred_element_type=jnp.float32)
     else:
       logits_BxLxV = self.lm_head(h_BxLxD)
+    if self.cfg.padded_vocab > self.cfg.vocab_size:
+      logits_BxLxV = mask_padded_vocab(logits_BxLxV, self.cfg.vocab_size)
     return logits_BxLxV, routers
 
   def _unrolled(self, x_BxLxD, positions_BxL, train, rng, ov):

@@ -21,7 +21,7 @@ from moejax.nn import balance, elastic, losses, routing
 from moejax.nn.layers import DTYPES, DenseFFN, gate_up_init, init_normal
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
-from moejax.schema import check_fields, key
+from moejax.config.schema import check_fields, key
 
 
 class RouterBias(nnx.Variable):
@@ -106,7 +106,10 @@ class MoEConfig:
     "auto", "the expert kernel (docs/dispatch.md; auto: by backend and shape)", dsp.IMPLS
   )
   block_size: int = key(
-    32, "impl=fused and blocked: rows of the smallest block of the block loop", ge=1
+    32,
+    "dropless, impl=fused (or auto where it runs fused) or blocked: rows of the block loop's "
+    "smallest block",
+    ge=1,
   )
   jitter_eps: float = key(
     0.0, "multiplicative router-input jitter in training (Switch)", ge=0, lt=1

@@ -79,16 +79,3 @@ def scanned_path(path: tuple, segs: tuple[Segment, ...]) -> tuple[tuple, int | N
     return path, None
   p, key = places(segs)[int(path[1])], type(path[1])  # int or str keys, as given
   return ("stacks", key(p.segment), "blocks", key(p.position), *path[2:]), p.row
-
-
-def unstack(flat: dict[tuple, object], segs: tuple[Segment, ...]) -> dict[tuple, object]:
-  """A flat {path: array} of the scanned layout in the unrolled one (rows become layers)."""
-  out = {}
-  for path, a in flat.items():
-    if path[0] != "stacks":
-      out[path] = a
-      continue
-    seg, j, key = segs[int(path[1])], int(path[3]), type(path[1])  # int or str keys
-    for r in range(seg.repeats):
-      out[("layers", key(seg.layer(r, j)), *path[4:])] = a[r]
-  return out

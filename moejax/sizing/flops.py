@@ -94,7 +94,7 @@ def matmul_params(cfg: ModelConfig) -> MatmulParams:
     router=router,
     shared=shared,
     routed_per_k=routed,
-    lm_head=d * cfg.vocab_size,
+    lm_head=d * cfg.padded_vocab,  # the head multiplies the padded rows too (as Megatron counts)
   )
 
 

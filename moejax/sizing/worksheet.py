@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 
 from moejax import build, sharding
-from moejax.config import RunConfig
+from moejax.config.run import RunConfig
 from moejax.config.sections import MeshConfig
 from moejax.kernels import dispatch, plans
 from moejax.nn import routing
@@ -74,6 +74,7 @@ class Worksheet:
 
   architecture: str
   vocab_size: int
+  padded_vocab: int  # the embedding's rows (vocab_size rounded up; the padding is masked)
   n_layers: int
   d_model: int
   attention: str
@@ -250,6 +251,7 @@ def worksheet(rc: RunConfig) -> Worksheet:
   return Worksheet(
     architecture=ARCHITECTURE,
     vocab_size=mc.vocab_size,
+    padded_vocab=mc.padded_vocab,
     n_layers=mc.n_layers,
     d_model=mc.d_model,
     attention=describe_attention(mc),
@@ -280,7 +282,8 @@ def format_worksheet(ws: Worksheet, title: str = "") -> str:
   """The worksheet as aligned text, at most 100 columns."""
   tied = "tied LM head" if ws.group("lm_head").total == 0 else "untied LM head"
   arch = f"{ws.architecture}; {ws.n_layers} layers, d_model {ws.d_model}, vocab "
-  arch += f"{ws.vocab_size}, {tied}"
+  padded = f" (embedding padded to {ws.padded_vocab})" if ws.padded_vocab > ws.vocab_size else ""
+  arch += f"{ws.vocab_size}{padded}, {tied}"
   counted = "from jax.eval_shape of moejax.nn.model.Transformer (nothing allocated); active ="
   counted += " what one token reads at k1 = K"
   lines = [f"worksheet{': ' + title if title else ''}", _row("architecture", arch)]

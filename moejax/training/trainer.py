@@ -12,9 +12,10 @@ import optax
 from flax import nnx
 
 from moejax import build as build_lib
-from moejax import compile_options, distributed, sharding
-from moejax import config as config_lib
-from moejax.config import RunConfig
+from moejax import distributed, sharding
+from moejax.backend import compile_options
+from moejax.config import checks
+from moejax.config.run import RunConfig
 from moejax.data.pipeline import Data, make_data
 from moejax.errors import UserError
 from moejax.nn import model as model_lib
@@ -89,6 +90,8 @@ def resolved_config(run: Run) -> dict:
   out = dict(rc.tree)
   out["resolved"] = {
     "vocab_size": run.data.tokenizer.vocab_size,
+    "vocab_multiple": rc.model.vocab_multiple,  # the embedding's rows: model vocab rounded up
+    "padded_vocab_size": rc.model.padded_vocab,
     "data": run.data.describe(),
     "n_params": run.n_params,
     "n_active_params": run.n_active,
@@ -156,6 +159,7 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   compile_cache.enable(rc.train.compile_cache)  # before the first compile
   workdir_lib.prepare(workdir)
   workdir_lib.check_resume_config(workdir, rc)
+  rc = workdir_lib.with_saved_vocab(workdir, rc)  # a run saved unpadded resumes unpadded
   run = build(rc, workdir, mesh)
   rc, t, d = run.config, rc.train, rc.data
   batch_sharding = sharding.batch_sharding(run.mesh)
@@ -185,7 +189,7 @@ def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   )
   if tracker.note:
     log(tracker.note)
-  for line in config_lib.warnings(rc):
+  for line in checks.warnings(rc):
     log(line)
   layers = moe_layers(run)
   train_step, eval_step = compile_steps(run, layers)

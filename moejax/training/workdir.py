@@ -13,11 +13,12 @@ import json
 import os
 import tempfile
 
-from moejax import config as config_lib
 from moejax import distributed, runio
-from moejax.config import RunConfig
+from moejax.config.reader import from_values, resolve
+from moejax.config.run import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
+from moejax.nn.model import VOCAB_MULTIPLE
 from moejax.training import optim, schedules
 
 # Config sections that must match the workdir's config.json to resume.
@@ -86,8 +87,24 @@ def saved_values(saved: dict) -> dict:
 
 
 def from_saved(saved: dict) -> RunConfig:
-  """The RunConfig of an earlier run (config.json), with defaults for keys added since."""
-  return config_lib.resolve(config_lib.from_values(saved_values(saved)))
+  """The RunConfig of an earlier run (config.json), with defaults for keys added since, and
+  the embedding padding its checkpoints hold (`saved_vocab_multiple`)."""
+  rc = resolve(from_values(saved_values(saved)))
+  return dataclasses.replace(rc, vocab_multiple=saved_vocab_multiple(saved))
+
+
+def saved_vocab_multiple(saved: dict | None) -> int:
+  """The multiple a run's embedding rows are padded to: `resolved.vocab_multiple` of its
+  config.json; 1 (unpadded) for a run saved before the padding, whose checkpoints keep
+  their vocab-sized embedding; VOCAB_MULTIPLE for a new run (no config.json)."""
+  if saved is None:
+    return VOCAB_MULTIPLE
+  return int(saved.get("resolved", {}).get("vocab_multiple", 1))
+
+
+def with_saved_vocab(workdir: str, rc: RunConfig) -> RunConfig:
+  """`rc` padding its embedding as the run in `workdir` does, if there is one (a resume)."""
+  return dataclasses.replace(rc, vocab_multiple=saved_vocab_multiple(read_saved(workdir)))
 
 
 def saved_layout(saved: dict) -> bool:

@@ -30,6 +30,7 @@ from .helpers import (
   BAD,
   BATCH,
   GRID,
+  QUIET,
   RESAMPLES,
   SEQUENCES,
   K,
@@ -39,7 +40,7 @@ from .helpers import (
   tiny_config,
   variant,
 )
-from runconfig import as_run
+from runconfig import as_run, saved_eval
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -121,7 +122,9 @@ def background(trained, compile_cache, tmp_path_factory):
 def mixtral_grid(trained, background, tmp_path_factory):
   """In-process run_grid on the mixtral run: k1 in {4, 2}, k2 in {native, k1, E, sqrt, gain}."""
   workdir = variant(trained, tmp_path_factory.mktemp("mixtral_grid") / "run")
-  rows = run_grid(workdir, k1="4,2", k2="native,k1,E,sqrt,gain", **GRID)
+  rows = run_grid(
+    workdir, saved_eval(workdir, k1="4,2", k2="native,k1,E,sqrt,gain", **GRID), **QUIET
+  )
   background[1]()  # its cells are cached now: start the default CLI grid
   return workdir, rows
 
@@ -130,7 +133,9 @@ def mixtral_grid(trained, background, tmp_path_factory):
 def olmoe_grid(trained, mixtral_grid, tmp_path_factory):
   """The same parameters under the olmoe rule (softmax, no renormalization)."""
   workdir = variant(trained, tmp_path_factory.mktemp("olmoe") / "run", rule="olmoe")
-  return workdir, run_grid(workdir, k1="4,2", k2="native,E,sqrt", **GRID)
+  return workdir, run_grid(
+    workdir, saved_eval(workdir, k1="4,2", k2="native,E,sqrt", **GRID), **QUIET
+  )
 
 
 @pytest.fixture(scope="package")
@@ -144,7 +149,9 @@ def v3_grid(trained, mixtral_grid, tmp_path_factory):
     n_groups=4,
     topk_groups=2,
   )
-  return workdir, run_grid(workdir, k1="2", k2="native,K,2K,6,E", **GRID)
+  return workdir, run_grid(
+    workdir, saved_eval(workdir, k1="2", k2="native,K,2K,6,E", **GRID), **QUIET
+  )
 
 
 @pytest.fixture(scope="package")

@@ -24,13 +24,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 K, E = 4, 8  # the trained top-k and expert count
 SEQUENCES, BATCH, RESAMPLES = 16, 8, 1000
 CALIB = 8  # calibration windows of the gain fit (after the SEQUENCES evaluated ones)
-GRID = {
+GRID = {  # the grid's eval.* keys, set over each run's saved ones (runconfig.saved_eval)
   "sequences": SEQUENCES,
   "batch_size": BATCH,
-  "resamples": RESAMPLES,
+  "bootstrap_resamples": RESAMPLES,
   "gain_sequences": CALIB,
-  "log": lambda *a: None,
 }
+QUIET = {"log": lambda *a: None}
 ROW_KEYS = {
   "k1", "k2", "loss", "accuracy", "delta", "delta_ci95", "p_value", "routed_mass", "gain",
   "mass_k1", "mass_K", "mass_k2", "coef_sum", "shared_coef", "routed_rms", "moe_rms", "moe_gain",
@@ -205,6 +205,9 @@ def layer_rows(tree: dict) -> list[dict]:
   return [jax.tree.map(lambda a, i=i: a[i], block) for i in range(n)]
 
 
+BYTE_VOCAB = 257  # the runs' byte tokenizer: the ids the model scores (its embedding has 384 rows)
+
+
 def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, scale=None):
   """Per-sequence loss and accuracy plus per-layer routed mass, score masses and routed-output
   mean square; `scale[l]` multiplies layer l's routed output (the sqrt/gain cells)."""
@@ -235,7 +238,7 @@ def my_forward(params, router, tokens_BxL1, rule: dict, k1: int, k2, train_k=K, 
     ms.append(np.mean(y**2))
     x = x + y.reshape(B, L, D)
   hf = _rms(x, p["final_norm"]["scale"])
-  logits = hf @ p["embed"]["embedding"].T
+  logits = hf @ p["embed"]["embedding"][:BYTE_VOCAB].T  # the real ids; the padded rows are not
   logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
   nll = logz - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]
   acc = (logits.argmax(-1) == tgt).astype(np.float64)

@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 from tiers import FULL
 
+from moejax import evaluate
+from moejax.config.sections import EvalConfig
+from moejax.errors import UserError
+
 from .helpers import (
   BAD,
   BATCH,
@@ -81,6 +85,25 @@ def test_cli_step_selects_older_checkpoint(background, cli_default):
 
 
 # ---------------------------------------------------------------- 6: bad values
+
+
+def test_grid_flags_set_keys_over_the_runs_saved_eval():
+  """evaluate's flags set their eval.* keys (--resamples: eval.bootstrap_resamples) over the
+  run's saved values; an unset flag (None, '') keeps the saved value; a value the key does
+  not allow is one UserError naming the flag and the key."""
+  saved = EvalConfig(k1="4", k2="native,K", sequences=64, batch_size=8, gain_sequences=16)
+  got = evaluate.grid_eval(
+    saved, k1="2,1", k2="", sequences=None, batch_size=4, resamples=1500, gain_sequences=None
+  )
+  assert got == EvalConfig(
+    k1="2,1", k2="native,K", sequences=64, batch_size=4, bootstrap_resamples=1500,
+    gain_sequences=16,
+  )  # fmt: skip
+  assert evaluate.grid_eval(saved) == saved
+  with pytest.raises(UserError, match=r"^--resamples=999: eval\.bootstrap_resamples=999 "):
+    evaluate.grid_eval(saved, resamples=999)
+  with pytest.raises(UserError, match=r"^--sequences=0: eval\.sequences=0 "):
+    evaluate.grid_eval(saved, sequences=0)
 
 
 @pytest.mark.parametrize("name", list(BAD))

@@ -13,8 +13,8 @@ from flax import nnx
 from moejax.kgrid.run import run_grid
 from moejax.training import checkpoint, trainer
 
-from .helpers import BATCH, GRID, E, K, cells_of, read
-from runconfig import as_run
+from .helpers import BATCH, GRID, QUIET, E, K, cells_of, read
+from runconfig import as_run, saved_eval
 
 
 def test_one_compile_serves_every_k2_and_scale(restored):
@@ -52,11 +52,13 @@ def test_params_only_restore_and_heldout_match_trainer(restored, trained):
 def test_run_grid_deterministic(mixtral_grid):
   workdir, rows = mixtral_grid
   first = read(os.path.join(workdir, "eval", "k_grid.jsonl"))
-  again = run_grid(workdir, k1="4,2", k2="native,k1,E,sqrt,gain", **GRID)
+  again = run_grid(
+    workdir, saved_eval(workdir, k1="4,2", k2="native,k1,E,sqrt,gain", **GRID), **QUIET
+  )
   assert again == rows
   assert read(os.path.join(workdir, "eval", "k_grid.jsonl")) == first
   # a cell's row does not depend on which other cells run
-  subset = cells_of(run_grid(workdir, k1="2", k2="8", **GRID))
+  subset = cells_of(run_grid(workdir, saved_eval(workdir, k1="2", k2="8", **GRID), **QUIET))
   assert set(subset) == {(K, "native"), (2, 8)}
   for cell, row in subset.items():
     assert row == cells_of(rows)[cell], cell

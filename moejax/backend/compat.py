@@ -1,6 +1,7 @@
 """What moejax does differently on the jax lines it supports: jax 0.10.x (Python 3.11, whose
-newest jax is 0.10.2) and jax 0.11.x (Python 3.12+). Code that depends on the line goes
-through here and nowhere else (README "Tests" says which line CI runs what on).
+newest jax is 0.10.2) and jax 0.11.x-0.12.x (Python 3.12+; 0.12 needs no branch of its own).
+Code that depends on the line goes through here and nowhere else (README "Tests" says which
+line CI runs what on).
 
 * Mesh axis types. `AbstractMesh(shape, names)` defaults to Explicit axes on jax 0.11 (Auto
   on 0.10): moejax shards with GSPMD's Auto axes everywhere, so its meshes say so.
