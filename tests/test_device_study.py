@@ -25,11 +25,11 @@ device_plan = importlib.import_module("device_plan")
 device_report = importlib.import_module("device_report")
 study_config = importlib.import_module("study_calibration")
 
-from moejax.validate import validate
+from moejax.config.reader import resolve
 
 
 def _preset():
-  return validate(study_config.get_config("device"))
+  return resolve(study_config.get_config("device"))
 
 
 def test_plan_seconds_come_from_the_committed_h200_rows():

@@ -81,6 +81,8 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/describe.py", "from ml_collections import config_flags"): "CLI main: to review",
   ("moejax/describe.py", "from moejax import cli"): "CLI main: to review",
   ("moejax/describe.py", "import json"): "to hoist",
+  ("moejax/describe.py", "import jax"): "deviceless targets: JAX on the CPU host backend "
+  "before anything initializes the CUDA plugin (describe.host_backend_cpu)",
 }
 
 

@@ -43,6 +43,7 @@ import re
 from typing import NamedTuple
 
 from moejax.config import RunConfig
+from moejax.config import grid_labels
 from moejax.kgrid import cells as cells_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -134,8 +135,8 @@ def measured(rc: RunConfig, results: str = RESULTS) -> Measured:
 def grid_shape(rc: RunConfig, normalizes: bool) -> tuple[int, int]:
   """(cells, compiled forwards) of the grid the config's eval.k1/k2 ask for."""
   K, E = rc.moe.top_k, rc.moe.n_experts
-  k1s = cells_lib.parse_k1(rc.eval.k1, K, E)
-  labels = cells_lib.parse_k2(rc.eval.k2, K, E, k1s)
+  k1s = grid_labels.parse_k1(rc.eval.k1, K, E)
+  labels = grid_labels.parse_k2(rc.eval.k2, K, E, k1s)
   cells, _ = cells_lib.cells(k1s, labels, K, E, normalizes=normalizes)
   return len(cells), 2 * len(k1s)
 

@@ -123,9 +123,9 @@ def fit_heldout(base, log) -> None:
   """Fewer evaluated sequences where this Python's stdlib holds out too few windows for the
   grid's sequences plus gain's calibration ones (both come from the held-out split)."""
   from moejax.data import pipeline  # pylint: disable=import-outside-toplevel
-  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
-  rc = validate(base)
+  rc = resolve(base)
   have = pipeline.heldout_windows(rc.data, None)[0].shape[0]
   need = rc.eval.sequences + rc.eval.gain_sequences
   if have < need:
@@ -163,10 +163,10 @@ def run_arm(cfg, workdir: pathlib.Path, log) -> dict:
   """Train, then grid the final checkpoint; the seconds of each."""
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
-  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
   t0 = time.monotonic()
-  summary = trainer.train(validate(cfg), str(workdir), log=log)
+  summary = trainer.train(resolve(cfg), str(workdir), log=log)
   if summary["stopped_by"]:
     raise RuntimeError(f"training stopped by {summary['stopped_by']} at step {summary['step']}")
   t1 = time.monotonic()
@@ -216,16 +216,16 @@ def run(args) -> int:
   log = Log(args.out / "log.txt")
   path = args.config if os.path.exists(args.config.partition(":")[0]) else str(REPO / args.config)
   base = cli.load_file(path)
-  from moejax.validate import validate  # pylint: disable=import-outside-toplevel
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
-  preset = validate(base)  # the plan's figures are measured at the preset's own shape
+  preset = resolve(base)  # the plan's figures are measured at the preset's own shape
   for assignment in args.set:
     apply_set(base, assignment)
-  validate(base)  # a bad key or value: one line, before anything trains
+  resolve(base)  # a bad key or value: one line, before anything trains
   if args.seeds < 1 or args.budget_s <= 0:
     raise UserError("--seeds must be >= 1 and --budget-s > 0")
   fit_heldout(base, log)
-  rcs = {r: validate(arm_config(base, r, 0, pathlib.Path("."))) for r in device_plan.RULES}
+  rcs = {r: resolve(arm_config(base, r, 0, pathlib.Path("."))) for r in device_plan.RULES}
   m = device_plan.measured(preset)
   if device_plan.shape_label(preset) != device_plan.shape_label(rcs[device_plan.RULES[0]]):
     log("note: --set changed the expert shape; the plan's seconds are the preset shape's")
