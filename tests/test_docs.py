@@ -165,6 +165,15 @@ RUN_BY_TESTS: dict[str, str] = {
   'pip install -e ".[test,tpu,cuda]" -c constraints/gpu-image.txt && JAX_PLATFORMS=cpu pytest '
   '-n 2 -m "full or not full"': ".ci/run",
   # docs/kgrid.md, "Downstream tasks"
+  "python -m launch.sweep experiments/calibration/sweep_tasks.py --backend local": (
+    "tests/test_calibration.py::test_two_run_miniature_runs_end_to_end"
+  ),
+  "python experiments/calibration/tasks_grid.py": (
+    "tests/test_calibration_tasks_grid.py::test_grids_trained_runs_once_each_with_their_rules_cells"
+  ),
+  "python experiments/calibration/report.py": (
+    "tests/test_calibration.py::test_two_run_miniature_runs_end_to_end"
+  ),
   'pip install -e ".[eval]"': (
     "tests/downstream/test_nextline.py::test_tasks_without_lm_eval_names_the_pip_command"
   ),
