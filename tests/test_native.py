@@ -18,6 +18,7 @@ residual and the output are each rounded once).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import pathlib
@@ -317,6 +318,31 @@ def test_the_library_is_built_where_a_compiler_is():
   if shutil.which("c++") is None:
     pytest.skip("no C++ compiler: the install falls back to fused")
   assert BUILT, loader.load()
+
+
+def test_ffi_api_versions_are_read_from_xla_headers_and_a_newer_build_is_refused():
+  """XLA registers a handler of its own FFI API version or older: a library built against
+  newer headers than the running jaxlib's is refused with the reason (auto then runs fused)
+  instead of failing at the first traced call (CI's 3.12 line, built against jaxlib 0.12)."""
+  header = "#define XLA_FFI_API_MAJOR 0\n// text\n#define XLA_FFI_API_MINOR 4\n"
+  assert loader.header_api(header) == 4
+  assert loader.header_api("#define XLA_FFI_API_MAJOR 1\n#define XLA_FFI_API_MINOR 2") == 1002
+  assert loader.header_api("no version here") is None
+  running = loader.runtime_api()
+  assert running is not None and running >= 3  # jaxlib 0.10.2 ships API 0.3
+
+  class Built:  # a library's exported version, as ctypes returns it
+    def __init__(self, v):
+      self.moejax_native_ffi_api = lambda: v
+
+  assert loader.api_mismatch(Built(running), pathlib.Path("k.so")) is None
+  assert loader.api_mismatch(Built(3), pathlib.Path("k.so")) is None
+  newer = loader.api_mismatch(Built(running + 1), pathlib.Path("k.so"))
+  assert newer.startswith("k.so was built against XLA FFI API") and "pip install -e ." in newer
+  assert f"0.{running + 1}" in newer and f"this jaxlib's 0.{running}" in newer
+  if BUILT:  # this install's own build: the oldest line's headers (pyproject's build pin)
+    lib = ctypes.CDLL(str(loader.library_path()))
+    assert lib.moejax_native_ffi_api() <= running
 
 
 def test_without_the_library_auto_falls_back_to_fused_and_native_is_one_user_error():

@@ -14,6 +14,7 @@ import ctypes
 import functools
 import importlib.util
 import os
+import re
 import sysconfig
 from pathlib import Path
 
@@ -104,6 +105,34 @@ def _init_first(lib: ctypes.CDLL, lib_dir: Path) -> str | None:
   return "; ".join(errors) or "no OpenBLAS found (scipy-openblas32)"
 
 
+FFI_VERSION = re.compile(r"#define XLA_FFI_API_(MAJOR|MINOR) (\d+)")
+
+
+def header_api(header: str) -> int | None:
+  """major * 1000 + minor from the text of XLA's `xla/ffi/api/c_api.h`, None if absent."""
+  found = dict(FFI_VERSION.findall(header))
+  return int(found["MAJOR"]) * 1000 + int(found["MINOR"]) if len(found) == 2 else None
+
+
+def runtime_api() -> int | None:
+  """The XLA FFI API version of the running jaxlib (its installed headers), None if unknown."""
+  header = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "c_api.h"
+  return header_api(header.read_text()) if header.exists() else None
+
+
+def api_mismatch(lib: ctypes.CDLL, path: Path) -> str | None:
+  """Why XLA would refuse the library's handlers, or None: built against newer FFI headers
+  than the running jaxlib's (XLA registers handlers of its own version or older; pyproject
+  builds against the oldest jax line's headers so one build serves every line)."""
+  built, running = lib.moejax_native_ffi_api(), runtime_api()
+  if running is None or built <= running:
+    return None
+  return (
+    f"{path.name} was built against XLA FFI API {built // 1000}.{built % 1000}, newer than "
+    f"this jaxlib's {running // 1000}.{running % 1000}: reinstall (pip install -e .)"
+  )
+
+
 @functools.cache
 def load() -> str | None:
   """Loads and registers the FFI targets for the CPU platform. Returns None when the kernel
@@ -115,7 +144,7 @@ def load() -> str | None:
   else:
     try:
       lib = ctypes.CDLL(str(path))
-      reason = _init_blas(lib, path.parent)
+      reason = api_mismatch(lib, path) or _init_blas(lib, path.parent)
       if reason is None:
         for name in TARGETS:
           jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")

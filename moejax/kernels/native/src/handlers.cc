@@ -142,3 +142,10 @@ extern "C" __attribute__((visibility("default"))) const char* moejax_native_init
     const char* path, const char* sgemm, int ilp64, const char* threads) {
   return mjn::blas_load(path, sgemm, ilp64, threads);
 }
+
+// The XLA FFI API version of the headers this library was built with (major * 1000 + minor):
+// XLA registers a handler only up to its own version, so the loader compares it with the
+// running jaxlib's before registering (loader.py).
+extern "C" __attribute__((visibility("default"))) int moejax_native_ffi_api() {
+  return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR;
+}
