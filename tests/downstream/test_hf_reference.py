@@ -81,7 +81,7 @@ def test_per_item_logliks_match_lm_eval_hf(fam, tmp_path):
   yaml = _task(tmp_path, f"ref_{fam}")
   c = load_config(str(run))
   tm = loading.load_task_model(str(run), c, step=None)
-  lm = MoejaxLM(tm.scorer, tm.tokenizer)
+  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding)
   task = tasks_lib.load_tasks(yaml)
   for k1, hf_dir in ((test_hf.K, src), (K1, k1_src)):
     ref = lm_eval.simple_evaluate(
