@@ -61,17 +61,24 @@ TEXT = "\n\n".join(f"paragraph {i}: " + "the quick brown fox jumps over it. " * 
                    for i in range(60))  # fmt: skip
 
 
-def write_tokenizer(directory: str) -> None:
-  """A character-level tokenizer.json (BPE with no merges) and its tokenizer_config.json."""
-  from tokenizers import Tokenizer, models
+def write_tokenizer(directory: str, bos: bool = False) -> None:
+  """A character-level tokenizer.json (BPE with no merges) and its tokenizer_config.json;
+  `bos`: a Llama-style one, whose post-processor prepends BOS `<s>` (id 97)."""
+  from tokenizers import Tokenizer, models, processors
 
   chars = [chr(c) for c in range(32, 127)]
   vocab = {"[UNK]": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
-  Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]")).save(
-    os.path.join(directory, "tokenizer.json")
-  )
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
+  special = {"eos_token": "<eos>"}
+  if bos:
+    tok.add_special_tokens(["<s>"])
+    tok.post_processor = processors.TemplateProcessing(
+      single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    special["bos_token"] = "<s>"
+  tok.save(os.path.join(directory, "tokenizer.json"))
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<eos>"}, f)
+    json.dump(special, f)
 
 
 def randomize(model) -> None:

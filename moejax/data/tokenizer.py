@@ -138,7 +138,9 @@ class HFTokenizer:
 
   Text is encoded without special tokens (no BOS); documents are separated by the model's
   EOS, read from `tokenizer_config.json` (`eos_token`) or `config.json` (`eos_token_id`)
-  next to the tokenizer file."""
+  next to the tokenizer file. `bos_id` (`tokenizer_config.json` `bos_token`, None without
+  one) and `encode_with_specials` serve the task grid on an imported model only
+  (moejax.downstream.encoding), which tokenizes as lm-eval's HF model does."""
 
   name = "hf"
 
@@ -153,10 +155,20 @@ class HFTokenizer:
     self.path, self.sha256 = path, hashlib.sha256(data).hexdigest()
     self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
     self.eos_id = hf_eos_id(self._tok, str(runio.path(path).parent))
+    self.bos_id = hf_bos_id(self._tok, str(runio.path(path).parent))
 
   def encode(self, text: str) -> np.ndarray:
     """Token ids of `text` as int32, no special tokens added."""
     return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+  def encode_with_specials(self, text: str) -> np.ndarray:
+    """Token ids of `text` as int32 with the special tokens of tokenizer.json's
+    post-processor (a Llama-style `TemplateProcessing` prepends BOS); never used for training."""
+    return np.asarray(self._tok.encode(text, add_special_tokens=True).ids, dtype=np.int32)
+
+  def token_text(self, token_id: int) -> str:
+    """One token decoded with special tokens kept (transformers' `decode(id)`: `<s>`)."""
+    return self._tok.decode([int(token_id)], skip_special_tokens=False)
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     """`encode` for each text, parallel inside `tokenizers`."""
@@ -200,14 +212,31 @@ def _read_json(path: str) -> dict:
   return json.loads(runio.read_text(path))
 
 
+def _special_token(directory: str, key: str) -> str | None:
+  """`tokenizer_config.json`'s special token `key` (a string, or an AddedToken dict's
+  `content`), or None when the file or the key is absent."""
+  tc = str(runio.path(directory, "tokenizer_config.json"))
+  if not filesystem.is_file(tc):
+    return None
+  value = _read_json(tc).get(key)
+  value = value.get("content") if isinstance(value, dict) else value
+  return value if isinstance(value, str) else None
+
+
+def hf_bos_id(tok: Any, directory: str) -> int | None:
+  """The BOS id named by `tokenizer_config.json` (`bos_token`), or None without one. A BOS
+  token the vocabulary lacks counts as none: transformers would add it as a new id past the
+  vocabulary, which the model has no embedding for, so the task grid falls back to EOS."""
+  bos = _special_token(directory, "bos_token")
+  bos_id = tok.token_to_id(bos) if bos is not None else None
+  return int(bos_id) if bos_id is not None else None
+
+
 def hf_eos_id(tok: Any, directory: str) -> int:
   """The EOS id from `tokenizer_config.json` (`eos_token`) or `config.json` (`eos_token_id`)."""
-  tc = str(runio.path(directory, "tokenizer_config.json"))
-  if filesystem.is_file(tc):
-    eos = _read_json(tc).get("eos_token")
-    eos = eos.get("content") if isinstance(eos, dict) else eos
-    if isinstance(eos, str) and tok.token_to_id(eos) is not None:
-      return int(tok.token_to_id(eos))
+  eos = _special_token(directory, "eos_token")
+  if eos is not None and tok.token_to_id(eos) is not None:
+    return int(tok.token_to_id(eos))
   mc = str(runio.path(directory, "config.json"))
   if filesystem.is_file(mc):
     eos = _read_json(mc).get("eos_token_id")

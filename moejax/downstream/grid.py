@@ -99,7 +99,7 @@ def run_task_grid(
   bs = batch_size or ev.batch_size
   tm = load_task_model(workdir, rc, step=step, dtype=dtype, batch_size=bs)
   scales = _scales(tm, cells, K, ev.gain_sequences, bs)
-  lm = MoejaxLM(tm.scorer, tm.tokenizer)
+  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding)
   resamples = resamples or ev.bootstrap_resamples
   out = {}
   for name, task in task_objs.items():

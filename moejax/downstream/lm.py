@@ -2,8 +2,10 @@
 
 lm-eval's `TemplateLM.loglikelihood` applies its tokenization rules (trailing context spaces
 move into the continuation; context and continuation are encoded together and split; an
-empty context becomes the prefix token, here EOS); this class scores the token requests at
-the scorer's current cell. `loglikelihood_rolling` scores lm-eval's disjoint rolling windows
+empty context becomes the prefix token); `encoding.TaskEncoding` says which special tokens
+`tok_encode` adds and what the prefix token is (a trained run: none, EOS; an imported run:
+lm-eval's HF model's, BOS where the tokenizer has one). This class scores the token requests
+at the scorer's current cell. `loglikelihood_rolling` scores lm-eval's disjoint rolling windows
 of `data.seq_len` tokens (perplexity tasks). Generation is not supported: `generate_until`
 refuses with one line naming the task.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
+from moejax.downstream import encoding as encoding_lib
 from moejax.downstream.scoring import Scorer
 from moejax.errors import UserError
 
@@ -20,22 +23,28 @@ from moejax.errors import UserError
 class MoejaxLM(TemplateLM):
   """lm-eval's view of a moejax run at one (k1, k2) cell (`self.scorer.cell`)."""
 
-  def __init__(self, scorer: Scorer, tokenizer):
+  def __init__(self, scorer: Scorer, tokenizer, encoding: encoding_lib.TaskEncoding | None = None):
+    """`encoding`: `loading.TaskModel.encoding`; None: a trained run's (no special tokens)."""
     super().__init__()
     self.scorer, self.tokenizer_ = scorer, tokenizer
+    self.encoding = encoding_lib.trained(tokenizer) if encoding is None else encoding
 
   @property
   def eot_token_id(self) -> int:
     return int(self.tokenizer_.eos_id)
 
   @property
+  def prefix_token_id(self) -> int:
+    return int(self.encoding.prefix_id)
+
+  @property
   def max_length(self) -> int:
     return self.scorer.seq_len
 
   def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-    """The run's tokenizer; no special tokens are added (runs train without BOS)."""
+    """The run's tokenizer, special tokens as `self.encoding` rules (`encoding.token_ids`)."""
     try:
-      return [int(t) for t in self.tokenizer_.encode(string)]
+      return encoding_lib.token_ids(self.encoding, string, add_special_tokens)
     except (UnicodeError, ValueError, TypeError) as e:
       raise UserError(
         f"data.tokenizer={self.tokenizer_.name!r} cannot encode the task's text "

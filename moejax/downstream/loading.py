@@ -1,4 +1,5 @@
-"""A trained or imported run as the task grid needs it: a `Scorer` and the run's tokenizer."""
+"""A trained or imported run as the task grid needs it: a `Scorer`, the run's tokenizer and
+how the grid encodes text with it (`encoding.TaskEncoding`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import jax.numpy as jnp
 from moejax.config.run import RunConfig
 from moejax.data import pipeline as data_lib
 from moejax.data import stream
-from moejax.data.tokenizer import Tokenizer
+from moejax.data.tokenizer import HFTokenizer, Tokenizer
+from moejax.downstream import encoding as encoding_lib
 from moejax.downstream.scoring import Scorer
 from moejax.errors import UserError
 from moejax.kgrid.loading import EvalRun, load_run
@@ -26,6 +28,20 @@ class TaskModel(NamedTuple):
   scorer: Scorer
   tokenizer: Tokenizer
   moe_cfg: Any  # the MoE block's config (top_k, n_experts, merge rule)
+  encoding: encoding_lib.TaskEncoding  # specials and prefix token, as trained or imported
+
+
+def _imported_from(workdir: str) -> str | None:
+  """The transformers checkpoint an imported run came from; None for a run trained here."""
+  return workdir_lib.imported_from(workdir_lib.read_saved(workdir))
+
+
+def task_encoding(tok: Tokenizer, workdir: str) -> encoding_lib.TaskEncoding:
+  """An imported run's tokenizer.json as lm-eval's HF model uses it (BOS where its
+  post-processor adds one); a trained run's tokenizer as it trained (no special tokens)."""
+  if _imported_from(workdir) is not None and isinstance(tok, HFTokenizer):
+    return encoding_lib.imported(tok)
+  return encoding_lib.trained(tok)
 
 
 def run_tokenizer(rc: RunConfig, workdir: str) -> Tokenizer:
@@ -40,7 +56,7 @@ def max_length(rc: RunConfig, workdir: str) -> int:
   """Tokens a request keeps (truncated from the left): a trained run's data.seq_len; an
   imported run's `max_position_embeddings` (its transformers config.json), as lm-eval's HF
   model truncates."""
-  source = workdir_lib.imported_from(workdir_lib.read_saved(workdir))
+  source = _imported_from(workdir)
   path = os.path.join(source, "config.json") if source else ""
   if path and os.path.isfile(path):
     with open(path) as f:
@@ -81,4 +97,4 @@ def load_task_model(
     moe_cfg=moe_cfg,
     batch_size=batch_size,
   )
-  return TaskModel(run, scorer, tok, moe_cfg)
+  return TaskModel(run, scorer, tok, moe_cfg, task_encoding(tok, workdir))

@@ -1,7 +1,8 @@
 """Transformers as the reference (full tier): a tiny random OLMoE and Qwen3-MoE saved by
-transformers and imported with `moejax.hf import`; per-item log-likelihoods of every choice
-of a local multiple-choice task against lm-eval's own HF model (`simple_evaluate(model="hf")`)
-at the native cell and at (k1, native) (transformers' config at num_experts_per_tok=k1)."""
+transformers and imported with `moejax.hf import`, and a Mixtral whose tokenizer prepends BOS
+(a Llama-style post-processor); per-item log-likelihoods of every choice of a local
+multiple-choice task against lm-eval's own HF model (`simple_evaluate(model="hf")`) at the
+native cell and at (k1, native) (transformers' config at num_experts_per_tok=k1)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,12 @@ def _logliks(samples) -> tuple[np.ndarray, np.ndarray]:
 
 
 @FULL
-@pytest.mark.parametrize("fam", ["olmoe", "qwen3_moe"])
-def test_per_item_logliks_match_lm_eval_hf(fam, tmp_path):
+@pytest.mark.parametrize(
+  ("fam", "bos"),
+  [("olmoe", False), ("qwen3_moe", False), ("mixtral", True)],
+  ids=["olmoe", "qwen3_moe", "mixtral-bos"],
+)
+def test_per_item_logliks_match_lm_eval_hf(fam, bos, tmp_path):
   import lm_eval
   import test_hf  # tests/test_hf.py: the tiny random families and their import
   from lm_eval import evaluator
@@ -65,7 +70,13 @@ def test_per_item_logliks_match_lm_eval_hf(fam, tmp_path):
   from moejax.downstream.lm import MoejaxLM
   from moejax.kgrid.loading import load_config
 
-  _, run, _, src = test_hf.Imported(tmp_path)[fam, True]
+  class BosImported(test_hf.Imported):
+    def source(self, fam):  # the family's checkpoint with a BOS-adding tokenizer.json
+      model, src = super().source(fam)
+      test_hf.write_tokenizer(src, bos=True)
+      return model, src
+
+  _, run, _, src = (BosImported if bos else test_hf.Imported)(tmp_path)[fam, True]
   # transformers' own class for the family would rebuild the tokenizer from its vocabulary
   # (OLMoE's GPT-NeoX class adds a byte-level pre-tokenizer this character vocabulary lacks);
   # both sides read the same tokenizer.json, as the import does
@@ -81,7 +92,8 @@ def test_per_item_logliks_match_lm_eval_hf(fam, tmp_path):
   yaml = _task(tmp_path, f"ref_{fam}")
   c = load_config(str(run))
   tm = loading.load_task_model(str(run), c, step=None)
-  lm = MoejaxLM(tm.scorer, tm.tokenizer)
+  assert tm.encoding.prefix_id == (97 if bos else 1)  # test_hf.write_tokenizer's <s> or <eos>
+  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding)
   task = tasks_lib.load_tasks(yaml)
   for k1, hf_dir in ((test_hf.K, src), (K1, k1_src)):
     ref = lm_eval.simple_evaluate(
