@@ -91,7 +91,7 @@ def describe(tree: Path, argv: list[str], dump: Path) -> str:
     "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
   }
   cmd = [sys.executable, "-m", "moejax.describe", *argv]
-  out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
+  out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
   if out.returncode:
     sys.exit(f"error: describe failed in {tree}:\n{out.stderr[-3000:]}")
   return out.stdout
@@ -120,8 +120,8 @@ def measure(label: str, tree: Path, argv: list[str], dims: Dims) -> dict:
     before = expert_concats(step_module(Path(tmp), "before_optimizations.txt").read_text(), dims)
     after = expert_concats(step_module(Path(tmp), "after_optimizations.txt").read_text(), dims)
     total = buffer_bytes(Path(tmp))
-  commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+  git = ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]
+  commit = subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
   row = {
     "tree": label,
     "commit": commit,

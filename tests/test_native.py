@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from requires import TOKAMAX
+from runconfig import as_run
 from tiers import FULL
 
 from moejax.errors import UserError
@@ -40,7 +41,6 @@ from moejax.kernels import plans
 from moejax.kernels.native import dropless as native_dropless
 from moejax.kernels.native import loader, ops
 from moejax.kernels.plans import ExpertWeights
-from runconfig import as_run
 
 D, F = 24, 16
 TOL, TOL_BF16 = 2e-5, 2e-2
