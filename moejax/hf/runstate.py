@@ -65,8 +65,8 @@ def fill(state: dict, arrays: dict[Path, np.ndarray]) -> dict:
 def _writer(workdir: str) -> ocp.CheckpointManager:
   """`checkpoint.manager`'s layout, written without a second copy of the model: orbax's
   default NumpyHandler deep-copies every host array before its async write, and OCDBT
-  buffers the compressed data of the whole tree (both measured: +1.0× and +0.5× the
-  float32 model). Per-array zarr files, compressed in chunks of `CHUNK_BYTES`, keep the
+  buffers the compressed data of the whole tree (each a large fraction of the model:
+  benchmarks/results/hf_import_memory.json, docs/decisions.md). Per-array zarr files, compressed in chunks of `CHUNK_BYTES`, keep the
   write's own memory small; orbax restores either format."""
   registry = ocp.type_handlers.create_type_handler_registry(
     (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),

@@ -22,8 +22,8 @@ Implementations, for the platform the program is lowered for (`jax.lax.platform_
   dx, dW is Triton; sm80, f32 inputs and a host whose default device is no GPU (an export)
   are Triton (the deprecated Pallas Triton backend on jax 0.11, lowered for the GPU that
   `compat.gpu_target` names). (On sm90 Mosaic's dW reads its inputs transposed, so XLA
-  materializes x and h transposed: +0.9 GiB over Triton at the TPU preset's per-device
-  shapes, docs/dispatch.md.) tokamax's "is a GPU present" checks are off in this branch
+  materializes x and h transposed, more temporaries than Triton's: measured in
+  docs/dispatch.md.) tokamax's "is a GPU present" checks are off in this branch
   (`tokamax.config.cross_compile`): the branch is only lowered for CUDA.
 * tpu: `("mosaic_tpu", "xla")`: tokamax's Mosaic TPU kernel where it accepts the default
   device (a TPU host, or a compile-only TPU as above); else "xla" (`jax.lax.ragged_dot`,
