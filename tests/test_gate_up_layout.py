@@ -58,7 +58,13 @@ def runs_here(name: str, mode: str) -> bool:
   return mode in k.modes and k.missing() is None
 
 
-DROPLESS = [n for n in KERNELS if runs_here(n, "dropless")]
+# megablox (interpret mode) and tokamax lower slowly here (~5 s each): full tier
+SLOW = {"megablox", "tokamax"}
+DROPLESS = [
+  pytest.param(n, marks=pytest.mark.full if n in SLOW else ())
+  for n in KERNELS
+  if runs_here(n, "dropless")
+]
 CAPACITY = [n for n in KERNELS if runs_here(n, "capacity")]
 
 

@@ -125,7 +125,8 @@ BITWISE_GRADS = ("remat_full", "remat_minimal") if jax.__version_info__ >= (0, 1
 # with a dense prefix and MoE period 2; a remat policy, asserted bitwise); the full tier runs
 # every case at both shapes (each case compiles four programs: 10-25 s here).
 SHAPES = ((3, 0, 1), (6, 1, 2))
-DEFAULT_CASES = {("dropless", (6, 1, 2)), ("remat_full", (3, 0, 1))}
+# (the 6x1x2 shape stays in the default tier through test_scan_unroll_gives_the_unrolled_stacks_numbers)
+DEFAULT_CASES = {("remat_full", (3, 0, 1))}
 
 
 def tiered(pairs, default) -> list:
@@ -321,8 +322,12 @@ def test_weight_decay_masks_the_same_parameters_in_both_layouts():
     params = nnx.state(model, nnx.Param)
     mask = optim.decay_mask(params)
     masks[scan] = by_layer(jax.tree.map(lambda p, m: np.full(p.shape, m), params, mask), shape)
-  unrolled = by_layer(nnx.state(Transformer(config(shape, False, qk_norm=True, qkv_bias=True),
-                                            rngs=nnx.Rngs(0)), nnx.Param), shape)
+  unrolled = by_layer(
+    nnx.state(
+      Transformer(config(shape, False, qk_norm=True, qkv_bias=True), rngs=nnx.Rngs(0)), nnx.Param
+    ),
+    shape,
+  )
   want = {name: np.full(a.shape, a.ndim >= 2) for name, a in unrolled.items()}
   assert any(not m.any() for m in want.values()) and any(m.all() for m in want.values())
   for scan in (False, True):

@@ -70,7 +70,9 @@ def tokens():
   return np.random.default_rng(2).integers(0, V, size=(3, 17)).astype(np.int32)
 
 
-@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize(
+  "tie", [pytest.param(True, id="tied", marks=pytest.mark.full), pytest.param(False, id="untied")]
+)
 def test_padded_model_scores_as_the_unpadded_one(tie, tokens):
   """Loss, accuracy and the training loss's gradient of the padded model: those of NumPy's
   log-softmax over the unpadded model's logits; the padded rows get no gradient."""
