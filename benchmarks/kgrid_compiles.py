@@ -1,5 +1,5 @@
 """Compiles and wall time of a k1:k2 grid: one compiled step per cell (static k2, the former
-evaluator) vs moejax.kgrid's traced k2 and routed scale (one per k1 and k2 family).
+evaluator) vs moejax.kgrid's traced k2 and routed scale (one per k1).
 
     python benchmarks/kgrid_compiles.py --workdir DIR [--k1 4,2,1] [--k2 native,k1,K,2K,E]
 

@@ -318,6 +318,27 @@ def test_k2_override_matches_reference(name):
     _assert_matches(out, ref_route(logits, **row, k=k, k2=k2, bias=bias))
 
 
+_route_traced_k2 = jax.jit(
+  lambda logits, bias, k2, *, name, k: route(logits, name, k, k2=k2, bias_E=bias),
+  static_argnames=("name", "k"),
+)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_traced_k2_own_or_top_k2_matches_reference(name):
+  """One compiled forward per k (the grid's): a traced k2 holding OWN_K2 routes as the rule
+  itself (k2=None in the reference), any other value as that integer k2."""
+  row = _fields(name)
+  rng = np.random.default_rng(17)
+  for E, k, k2s in ((16, 2, (routing.OWN_K2, 4, 2)), (64, 4, (-3, 32, routing.OWN_K2))):
+    logits = _logits(E, seed=E + k)
+    bias = rng.normal(scale=0.3, size=E).astype(np.float32)
+    for k2 in k2s:
+      out = _route_traced_k2(jnp.asarray(logits), jnp.asarray(bias), jnp.int32(k2), name=name, k=k)
+      ref_k2 = None if k2 <= routing.OWN_K2 else k2
+      _assert_matches(out, ref_route(logits, **row, k=k, k2=ref_k2, bias=bias))
+
+
 def test_train_k_constants_olmo_and_kplus1():
   """K-dependent constants use the trained K (8), never k1 (2)."""
   E, k, K = 16, 2, 8

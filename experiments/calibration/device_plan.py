@@ -19,7 +19,7 @@ from committed measurements, never from this run:
   step's for the preset, both compiled deviceless for one H200 on the CPU host
   (`benchmarks/aot_compile_time.py --grid-forward`, COMPILE_RESULT; a deviceless compile
   does not autotune, so the ratio, not the seconds, is carried over); `forwards` counts the grid's
-  compiled programs (one per k1 and k2 family, `moejax.kgrid.forward`) plus the trainer's
+  compiled programs (one per k1, `moejax.kgrid.forward`) plus the trainer's
   held-out eval step;
 * a forward is a third of a train step's FLOPs (2N against 6N per token), so the grid's
   cells run at FORWARD_SPEEDUP × the training tokens/s; CHECKPOINT_S is an allowance (not
@@ -138,7 +138,7 @@ def grid_shape(rc: RunConfig, normalizes: bool) -> tuple[int, int]:
   k1s = grid_labels.parse_k1(rc.eval.k1, K, E)
   labels = grid_labels.parse_k2(rc.eval.k2, K, E, k1s)
   cells, _ = cells_lib.cells(k1s, labels, K, E, normalizes=normalizes)
-  return len(cells), 2 * len(k1s)
+  return len(cells), len(k1s)
 
 
 def arms(max_seeds: int, rules: tuple[str, ...] = RULES) -> list[Arm]:

@@ -4,7 +4,8 @@ A request is scored on its window `(context + continuation)[-(seq_len + 1):]` (t
 from the left, as lm-eval's HF model): the input is all but its last token. Requests whose
 inputs are equal (MMLU's one-token choices) share one forward and differ only in the last
 target. Inputs are right-padded to a bucket (a power of two, at most seq_len), one compiled
-forward per (k1, integer-k2-or-not, bucket); k2 and the routed scale stay traced inputs.
+forward per (k1, bucket); k2 (`routing.OWN_K2` for the rule's own normalization) and the
+routed scale stay traced inputs.
 
 Padding never changes a score: attention is causal, so a position never sees the padding
 after it; a request's bucket depends on its own length only; and where routing couples the
@@ -25,6 +26,7 @@ from flax import nnx
 
 from moejax.backend import compile_options
 from moejax.errors import UserError
+from moejax.nn import routing
 from moejax.nn.overrides import Overrides
 
 MIN_BUCKET = 8
@@ -61,13 +63,13 @@ def couples_tokens(moe_cfg) -> bool:
   return moe_cfg.dispatch != "dropless" or random_second
 
 
-def _make_scores(graphdef, k1: int, with_k2: bool, rowwise: bool):
+def _make_scores(graphdef, k1: int, rowwise: bool):
   def logits(params, router, tokens_BxL, ov):
     model = nnx.merge(graphdef, params, router)
     return model(tokens_BxL, train=False, ov=ov)[0].astype(jnp.float32)
 
   def scores(params, router, tokens_BxL, last_B, k2, scale_M):
-    ov = Overrides(k=k1, k2=k2 if with_k2 else None, routed_scale=scale_M)
+    ov = Overrides(k=k1, k2=k2, routed_scale=scale_M)
     if rowwise:
       logits_BxLxV = jax.lax.map(lambda t_L: logits(params, router, t_L[None], ov)[0], tokens_BxL)
     else:
@@ -109,23 +111,21 @@ class Scorer:
     self.n_moe_layers, self.seq_len, self.batch_size = n_moe_layers, seq_len, batch_size
     self.rowwise = couples_tokens(moe_cfg)
     self.cell = Cell(k1=moe_cfg.top_k if moe_cfg is not None else 1)
-    self._compiled: dict[tuple[int, bool], object] = {}
+    self._compiled: dict[int, object] = {}
     self.forwards = 0  # padded rows run, for the tests of sharing
 
-  def _fn(self, k1: int, with_k2: bool):
-    key = (k1, with_k2)
-    if key not in self._compiled:  # jit caches one executable per bucket shape
-      self._compiled[key] = compile_options.jit(
-        _make_scores(self.graphdef, k1, with_k2, self.rowwise)
-      )
-    return self._compiled[key]
+  def _fn(self, k1: int):
+    if k1 not in self._compiled:  # jit caches one executable per bucket shape
+      self._compiled[k1] = compile_options.jit(_make_scores(self.graphdef, k1, self.rowwise))
+    return self._compiled[k1]
 
   def _run(self, rows: list[tuple[int, ...]]) -> list[tuple[np.ndarray, ...]]:
     """(logp_next_L, greedy_L, logp_last_V) of each input row, unpadded to its length."""
     k1, k2, scale_M = self.cell
-    fn = self._fn(k1, k2 is not None)
+    fn = self._fn(k1)
     scale = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
-    k2_arr, scale_arr = jnp.int32(k2 or 0), jnp.asarray(scale, jnp.float32)
+    k2_arr = jnp.int32(routing.OWN_K2 if k2 is None else k2)
+    scale_arr = jnp.asarray(scale, jnp.float32)
     out: list = [None] * len(rows)
     by_bucket: dict[int, list[int]] = {}
     for i, r in enumerate(rows):

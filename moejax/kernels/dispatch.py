@@ -38,6 +38,7 @@ from moejax.kernels.registry import (  # the table, re-exported: dispatch is the
   check_runnable,
   export_disabled_checks,
   kernel_run,
+  preload,
   resolve_impl,
   runnable,
 )
@@ -59,6 +60,7 @@ __all__ = [
   "check_runnable",
   "dropless",
   "export_disabled_checks",
+  "preload",
   "resolve_impl",
 ]
 

@@ -185,6 +185,20 @@ def runnable(name: str) -> str:
   return name if reason is None else _fell_back(name, reason)
 
 
+@functools.cache
+def preload(impl: str, mode: str) -> None:
+  """Imports now, outside any trace, every kernel `impl` can take in `mode` on any platform
+  (`auto`: each `AUTO` entry that can run here). A kernel's library can change JAX's trace
+  context when imported (tokamax registers a `jax.make_user_context`); imported inside a
+  program's first trace (a `platform_dependent` branch), that left the program's jit cache
+  entry stale, so its second call traced and compiled it again. The model's MoE blocks call
+  this when built, before anything is traced."""
+  names = AUTO[mode].values() if impl == "auto" else (impl,)
+  for name in dict.fromkeys(names):
+    if KERNELS[name].missing() is None:
+      KERNELS[name].load()
+
+
 def resolve_impl(impl: str, mode: str = "dropless", platform: str | None = None) -> str:
   """The kernel `impl` runs on `platform` (default: this host's backend): `auto`'s entry of
   `AUTO`, or its fallback where that cannot run here."""

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import tokamax
 from absl import flags
+from tokamax._src.ops import op as tokamax_op  # the autotuning overlay's user context
 
 from moejax.backend import platforms
 from moejax.kernels import plans, residuals
@@ -65,6 +66,17 @@ IMPLEMENTATIONS = {
 # The Triton and Mosaic custom calls carry no compatibility guarantee, so `jax.export` refuses
 # to serialize them unless told (tokamax's own list); a lowering or a compile needs nothing.
 EXPORT_DISABLED_CHECKS = tokamax.DISABLE_JAX_EXPORT_CHECKS
+
+
+def _register_user_context() -> None:
+  """tokamax's autotuning overlay is a `jax.make_user_context`, part of JAX's trace context:
+  0.0.13+ registers it when imported, 0.0.12 at its first op in a thread (its private
+  `get_autotuning_cache_overlay_state`), i.e. inside a trace, which left that program's jit
+  cache entry stale (`registry.preload`). Registered here, when this module is loaded."""
+  getattr(tokamax_op, "get_autotuning_cache_overlay_state", lambda: None)()
+
+
+_register_user_context()
 
 
 class _CacheMisses(logging.Filter):

@@ -1,8 +1,9 @@
 """Compiled eval forwards of the grid: per-sequence loss and accuracy, per-layer MoE stats.
 
-One jitted function per (k1, k2 family): `native` and the rescaling cells share one (the
-per-layer routed scale is a traced input, ones for `native`), every integer k2 shares
-another (k2 is a traced scalar). k1 stays static: it sets the shape of the top-k.
+One jitted function per k1, for every cell at that k1: k2 is a traced scalar (an integer
+k2, or `routing.OWN_K2` for `native` and the rescaling cells, whose forward keeps the rule's
+own normalization) and so is the per-layer routed scale (ones but for the rescaling cells).
+k1 stays static: it sets the shape of the top-k.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from flax import nnx
 
 from moejax.backend import compile_options
 from moejax.kgrid import masses
+from moejax.nn import routing
 from moejax.nn.model import moe_biases
 from moejax.nn.moe import RouterOut
 from moejax.nn.overrides import Overrides
@@ -46,9 +48,8 @@ def _stat(ro: RouterOut, name: str) -> jax.Array:
   return ro.moe_out_rms if name == "moe_out_rms" else getattr(ro.diag, name)
 
 
-def _make_forward(graphdef, k1: int, with_k2: bool):
+def _make_forward(graphdef, k1: int):
   def forward(params, router, tokens_BxL1, k2, scale_M):
-    k2 = k2 if with_k2 else None
     ov = Overrides(k=k1, k2=k2, routed_scale=scale_M, grid_stats=True)
     out = eval_forward(graphdef, params, router, tokens_BxL1, ov)
     model = nnx.merge(graphdef, params, router)
@@ -61,26 +62,27 @@ def _make_forward(graphdef, k1: int, with_k2: bool):
 
 
 class CellForward:
-  """Runs cells of one restored model, compiling once per (k1, integer-k2-or-not)."""
+  """Runs cells of one restored model, compiling once per k1."""
 
   def __init__(self, graphdef, params, router, n_moe_layers: int):
     self.graphdef, self.params, self.router = graphdef, params, router
     self.n_moe_layers = n_moe_layers
-    self._compiled: dict[tuple[int, bool], object] = {}
+    self._compiled: dict[int, object] = {}
 
-  def compiled(self, k1: int, with_k2: bool):
-    key = (k1, with_k2)
-    if key not in self._compiled:
-      self._compiled[key] = compile_options.jit(_make_forward(self.graphdef, k1, with_k2))
-    return self._compiled[key]
+  def compiled(self, k1: int):
+    if k1 not in self._compiled:
+      self._compiled[k1] = compile_options.jit(_make_forward(self.graphdef, k1))
+    return self._compiled[k1]
 
   def run(
     self, batches: list[np.ndarray], k1: int, k2: int | None = None, scale_M=None
   ) -> CellResult:
-    """Cell (k1, k2) with the routed output of MoE layer l times `scale_M[l]` (default 1)."""
-    fn = self.compiled(k1, k2 is not None)
+    """Cell (k1, k2) with the routed output of MoE layer l times `scale_M[l]` (default 1);
+    `k2=None`: the rule's own normalization."""
+    fn = self.compiled(k1)
     scale_M = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
-    k2_arr, scale_arr = jnp.int32(k2 or 0), jnp.asarray(scale_M, jnp.float32)
+    k2_arr = jnp.int32(routing.OWN_K2 if k2 is None else k2)
+    scale_arr = jnp.asarray(scale_M, jnp.float32)
     loss, acc, sums, n_seq = [], [], {n: 0.0 for n in LAYER_STATS}, 0
     for tokens in batches:
       out = jax.device_get(fn(self.params, self.router, tokens, k2_arr, scale_arr))

@@ -18,15 +18,19 @@ def score_masses(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(mass_k1_T, mass_K_T, denom_T): the top-k and top-K score masses in selection order,
   and the denominator actually used (`k2`'s top-k2 mass, the rule's norm over the selected,
-  or 1 for `norm=none`)."""
+  or 1 for `norm=none`; a k2 array holding `routing.OWN_K2` is the rule's)."""
   s_TxE = routing.scores(logits_TxE, rule)
   key_TxE = routing.selection_keys(s_TxE, rule, bias_E)
   cum_TxE = routing.selection_cumsum(s_TxE, key_TxE, rule)
   mass_k1_T, mass_K_T = cum_TxE[:, k - 1], cum_TxE[:, train_k - 1]
+  own_T = None  # the rule's own denominator, where it may be used (as routing.route)
+  if k2 is None or isinstance(k2, jax.Array):
+    s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
+    own_T = routing.norm_denominator(rule, s_TxK, mass_k1_T)
+  denom_T = own_T
   if k2 is not None:
-    return mass_k1_T, mass_K_T, jnp.take(cum_TxE, k2 - 1, axis=-1)
-  s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
-  denom_T = routing.norm_denominator(rule, s_TxK, mass_k1_T)
+    top_T = jnp.take(cum_TxE, routing.traced_k2_index(k2) - 1, axis=-1)
+    denom_T = routing.k2_or_own(k2, top_T, own_T)
   return mass_k1_T, mass_K_T, jnp.ones_like(mass_k1_T) if denom_T is None else denom_T
 
 

@@ -192,6 +192,7 @@ class MoEBlock(nnx.Module):
 
   def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
+    dsp.preload(cfg.impl, cfg.dispatch)  # kernel libraries imported before any trace
     self.router = Router(cfg.d_model, cfg.n_experts, init_std=cfg.init_std, rngs=rngs)
     self.experts = Experts(cfg, rngs=rngs)
     if cfg.d_shared > 0:
@@ -323,9 +324,14 @@ def router_out(lead, logits_TxE, probs_TxE, experts_TxK, diag, moe_out_rms) -> R
 
 def native_k2(cfg: MoEConfig, k2, train: bool):
   """The k2 a forward normalizes by: `k2`, or at eval of a run trained with elastic-k's
-  `train_k2="K"`, K (native is what it trained with: the top-K mass at every k1)."""
-  if k2 is None and not train and cfg.train_k2 == "K":
+  `train_k2="K"`, K (native is what it trained with: the top-K mass at every k1) where `k2`
+  asks for the rule's own (None, or an array holding `routing.OWN_K2`)."""
+  if train or cfg.train_k2 != "K":
+    return k2
+  if k2 is None:
     return cfg.top_k
+  if isinstance(k2, jax.Array):
+    return jnp.where(k2 > routing.OWN_K2, k2, cfg.top_k)
   return k2
 
 

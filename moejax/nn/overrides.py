@@ -3,7 +3,8 @@
 The Transformer takes them at model level (`routed_scale` [M] and `train_k` [M, B, L], one
 row per MoE layer in layer order) and hands each MoE block its own row (`row(m)`), or each
 scanned stack its rows (`rows(m_R)`). `k` and `grid_stats` are static (they set shapes and
-what is computed); `k2` may be a traced scalar, so one compiled grid forward serves every k2.
+what is computed); `k2` may be a traced scalar (`routing.OWN_K2`: the rule's own
+normalization), so one compiled grid forward serves every cell at a k1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class Overrides:
   """None everywhere is the trained model: the rule's k, its own normalization, scale 1.
 
   * `k`: experts per token (the grid's k1); None: the trained top-k K.
-  * `k2`: the denominator's top-k2 (docs/design.md §2); None: the rule's own.
+  * `k2`: the denominator's top-k2 (docs/design.md §2); None, or an array holding
+    `routing.OWN_K2`: the rule's own.
   * `routed_scale`: a multiplier of the routed output Σ r_i·Expert_i(x), not the shared
     expert (the grid's `sqrt`/`gain` cells).
   * `train_k`: int32 experts each token uses in a training forward (elastic-k).

@@ -255,6 +255,25 @@ def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2) -> jax.Ar
   return jnp.take(selection_cumsum(s_TxE, key_TxE, rule), k2 - 1, axis=-1)
 
 
+# A k2 array holding OWN_K2 (any value <= 0) selects the rule's own normalization, so one
+# compiled grid forward serves the native cells and every integer k2 (moejax.kgrid.forward)
+OWN_K2 = 0
+
+
+def k2_or_own(k2, top_k2: jax.Array, own: jax.Array | None) -> jax.Array | None:
+  """The denominator of a forward at `k2` (not None): `top_k2` (the top-k2 mass), or, where
+  `k2` is an array holding OWN_K2, `own` (the rule's; None, i.e. 1, for `norm=none`).
+  `top_k2` must be computed at max(k2, 1) so it is finite either way."""
+  if not isinstance(k2, jax.Array):
+    return top_k2
+  return jnp.where(k2 > OWN_K2, top_k2, 1.0 if own is None else own)
+
+
+def traced_k2_index(k2):
+  """`k2` for a top-k2 lookup: an array is clipped to >= 1 (OWN_K2 selects no column)."""
+  return jnp.maximum(k2, 1) if isinstance(k2, jax.Array) else k2
+
+
 def route(
   logits_TxE: jax.Array,
   rule: MergeRule | str,
@@ -268,7 +287,8 @@ def route(
 
   `k2` replaces the rule's normalization by p_i = s_i / Σ_{top-k2} s_j, the top-k2 taken
   in selection order (so k2 = k is the rule's own renormalization and k2 = E divides by
-  the full score mass). K-dependent constants (`scale="k"`, `kplus1`) use `train_k`.
+  the full score mass); a k2 array holding OWN_K2 keeps the rule's own. K-dependent
+  constants (`scale="k"`, `kplus1`) use `train_k`.
   """
   rule = get_rule(rule)
   E = logits_TxE.shape[-1]
@@ -279,10 +299,13 @@ def route(
   _, experts_TxK = jax.lax.top_k(key_TxE, k)
   s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
 
+  own_Tx1 = None  # the rule's own denominator, where it may be used
+  if k2 is None or isinstance(k2, jax.Array):
+    own_Tx1 = norm_denominator(rule, s_TxK, s_TxK.sum(-1, keepdims=True), keepdims=True)
+  denom_Tx1 = own_Tx1
   if k2 is not None:
-    denom_Tx1 = k2_mass(s_TxE, key_TxE, rule, k2)[:, None]
-  else:
-    denom_Tx1 = norm_denominator(rule, s_TxK, s_TxK.sum(-1, keepdims=True), keepdims=True)
+    top_Tx1 = k2_mass(s_TxE, key_TxE, rule, traced_k2_index(k2))[:, None]
+    denom_Tx1 = k2_or_own(k2, top_Tx1, own_Tx1)
   p_TxK = s_TxK if denom_Tx1 is None else s_TxK / denom_Tx1
 
   weights_TxK = (rule.alpha(train_k) * p_TxK).astype(jnp.float32)
