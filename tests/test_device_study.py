@@ -46,21 +46,25 @@ def test_plan_seconds_come_from_the_committed_h200_rows():
         compiles.append(row["compile_s"])
   compile_file = ROOT / "benchmarks" / "results" / "device_study_compile_h200_1.json"
   ratio = json.loads(compile_file.read_text())["figures"]["rows"][0]["grid_forward_over_train_step"]
-  warm = json.loads((ROOT / "benchmarks" / "results" / "compile_cache.json").read_text())
+  warm = json.loads((ROOT / "benchmarks" / "results" / "compile_cache_hit.json").read_text())
   warm = warm["figures"]["warm_over_cold"]
   m = device_plan.measured(rc)
   assert (m.tokens_per_s, m.train_compile_s) == (min(rates), max(compiles))
-  planned = device_plan.plan(rc, m, 1e9, 2, {"qwen3_moe": True, "olmoe": False})
+  norms = {"qwen3_moe": True, "olmoe": False}
+  planned = device_plan.plan(rc, m, 1e9, 2, norms)
   assert [p.arm.name for p in planned] == [
     "dev-qwen3_moe-s0", "dev-olmoe-s0", "dev-qwen3_moe-s1", "dev-olmoe-s1",
   ]  # fmt: skip
   # cells: k1 = 8: native, 8, 64; k1 = 4, 2, 1: native, k1, 8, 64, sqrt, gain (olmoe: no sqrt)
   for p, cells in zip(planned, (3 + 3 * 6, 3 + 3 * 5) * 2):
-    assert p.train_s == pytest.approx(600 * 16 * 1024 / min(rates))
+    assert p.train_s == pytest.approx(250 * 16 * 1024 / min(rates))
     cold = max(compiles) * (1 + 5 * ratio)  # the train step, 4 grid forwards (a k1 each), eval
     assert p.compile_s == pytest.approx(cold if p.arm.seed == 0 else cold * warm)
     grid = cells * 256 * 1024 / (3 * min(rates)) + device_plan.CHECKPOINT_S
     assert p.grid_s == pytest.approx(grid)
+  # the preset's token budget is chosen so that two seeds per rule fit the README's 480 s
+  budget = 480 - importlib.import_module("device_study").RESERVE_S
+  assert device_plan.seeds_planned(device_plan.plan(rc, m, budget, 5, norms)) >= 2
   one = planned[0].total_s
   cut = device_plan.plan(rc, m, 2.05 * one, 2, {"qwen3_moe": True, "olmoe": True})
   assert [p.status for p in cut] == ["planned", "planned", "beyond plan", "beyond plan"]
@@ -126,7 +130,7 @@ def test_report_states_h1_from_the_seed_level_interval_by_hand(section):
     [np.mean(DELTAS[s][2, 2]) for s in (0, 1)]
   )
   assert f"{kept:.0%}" == "36%"  # 0.125 / 0.35
-  assert row[1:4] == ["212.08M", "9.83M", "1.0000"]  # non-emb. params, 600 × 16 × 1024, native
+  assert row[1:4] == ["212.08M", "4.10M", "1.0000"]  # non-emb. params, 250 × 16 × 1024, native
 
 
 def test_report_states_h10_and_the_host(section):

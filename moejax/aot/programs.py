@@ -182,7 +182,7 @@ def export_gpu(rc: RunConfig, n_devices: int) -> jax.export.Exported:
 
 
 def grid_forward(rc: RunConfig, target: Target, k1: int | None = None):
-  """The k-grid's forward (one k1, integer k2) compiled for one device of `target`, as
+  """The k-grid's forward (one k1: every cell at it) compiled for one device of `target`, as
   `moejax.evaluate` runs it: unsharded, eval.batch_size rows."""
   one = target._replace(devices=target.devices[:1], n_devices=1, hbm_source="")
   solo = dataclasses.replace(
@@ -206,4 +206,4 @@ def grid_forward(rc: RunConfig, target: Target, k1: int | None = None):
     jax.ShapeDtypeStruct((n_moe,), jnp.float32, sharding=rep),
   )
   with tracing_on(one):
-    return one.compile(fwd.compiled(k1, True).lower(*args))
+    return one.compile(fwd.compiled(k1).lower(*args))
