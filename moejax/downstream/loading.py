@@ -31,15 +31,16 @@ class TaskModel(NamedTuple):
   encoding: encoding_lib.TaskEncoding  # specials and prefix token, as trained or imported
 
 
-def _imported_from(workdir: str) -> str | None:
+def imported_from(workdir: str) -> str | None:
   """The transformers checkpoint an imported run came from; None for a run trained here."""
   return workdir_lib.imported_from(workdir_lib.read_saved(workdir))
 
 
-def task_encoding(tok: Tokenizer, workdir: str) -> encoding_lib.TaskEncoding:
-  """An imported run's tokenizer.json as lm-eval's HF model uses it (BOS where its
-  post-processor adds one); a trained run's tokenizer as it trained (no special tokens)."""
-  if _imported_from(workdir) is not None and isinstance(tok, HFTokenizer):
+def task_encoding(tok: Tokenizer, source: str | None) -> encoding_lib.TaskEncoding:
+  """An imported run's (`source`: `imported_from`) tokenizer.json as lm-eval's HF model uses
+  it (BOS where its post-processor adds one); a trained run's tokenizer as it trained (no
+  special tokens)."""
+  if source is not None and isinstance(tok, HFTokenizer):
     return encoding_lib.imported(tok)
   return encoding_lib.trained(tok)
 
@@ -52,11 +53,10 @@ def run_tokenizer(rc: RunConfig, workdir: str) -> Tokenizer:
   return data_lib.split_corpus(data_cfg, workdir).tokenizer
 
 
-def max_length(rc: RunConfig, workdir: str) -> int:
+def max_length(rc: RunConfig, source: str | None) -> int:
   """Tokens a request keeps (truncated from the left): a trained run's data.seq_len; an
-  imported run's `max_position_embeddings` (its transformers config.json), as lm-eval's HF
-  model truncates."""
-  source = _imported_from(workdir)
+  imported run's (`source`: `imported_from`) `max_position_embeddings` (its transformers
+  config.json), as lm-eval's HF model truncates."""
   path = os.path.join(source, "config.json") if source else ""
   if path and os.path.isfile(path):
     with open(path) as f:
@@ -87,14 +87,15 @@ def load_task_model(
   check_dtype(dtype)
   tok = run_tokenizer(rc, workdir)
   run = load_run(workdir, rc, step)
+  source = imported_from(workdir)
   moe_cfg = rc.moe
   scorer = Scorer(
     run.graphdef,
     cast_params(run.params, dtype),
     run.router,
     n_moe_layers=run.n_moe_layers,
-    seq_len=max_length(rc, workdir),
+    seq_len=max_length(rc, source),
     moe_cfg=moe_cfg,
     batch_size=batch_size,
   )
-  return TaskModel(run, scorer, tok, moe_cfg, task_encoding(tok, workdir))
+  return TaskModel(run, scorer, tok, moe_cfg, task_encoding(tok, source))

@@ -144,7 +144,7 @@ def test_only_an_imported_run_adds_bos(tmp_path, imported):
   tok = HFTokenizer(write_tokenizer(tok_dir, post_bos=True, bos_token="<s>"))
   resolved = {"hf_import": {"source": str(tok_dir)}} if imported else {}
   (run / "config.json").write_text(json.dumps({"resolved": resolved}))
-  lm = MoejaxLM(RecordingScorer(), tok, loading.task_encoding(tok, str(run)))
+  lm = MoejaxLM(RecordingScorer(), tok, loading.task_encoding(tok, loading.imported_from(str(run))))
   first = [BOS] if imported else []
   prefix = BOS if imported else EOS
   assert moejax_requests(lm, [("the quick", " fox"), ("", "fox")]) == [
