@@ -52,6 +52,27 @@ def test_auto_is_a_lookup_per_platform_and_never_ragged_off_tpu():
     assert all(mode in dsp.KERNELS[name].modes for name in table.values()), mode
 
 
+def test_preload_loads_what_impl_can_take_and_leaves_import_errors_to_the_trace(monkeypatch):
+  """registry.preload (called when a MoE block is built): every platform's `auto` kernel
+  that can run here, once each; an explicit impl alone; a library that fails to import is
+  not raised here (the trace's kernel_run reports it)."""
+  loaded = []
+
+  def broken():
+    raise ImportError("tokamax: a broken install")
+
+  fake = {n: k._replace(load=functools.partial(loaded.append, n)) for n, k in dsp.KERNELS.items()}
+  fake = {n: k._replace(missing=lambda: None) for n, k in fake.items()}
+  fake["tokamax"] = fake["tokamax"]._replace(load=broken)
+  fake["megablox"] = fake["megablox"]._replace(missing=lambda: "not installed")
+  monkeypatch.setattr(registry, "KERNELS", fake)
+  registry.preload.__wrapped__("auto", "dropless")  # AUTO: native, tokamax, fused, megablox
+  assert loaded == ["native", "fused"]
+  loaded.clear()
+  registry.preload.__wrapped__("blocked", "dropless")
+  assert loaded == ["blocked"]
+
+
 @pytest.mark.parametrize("impl", ["ragged", "megablox"])
 def test_capacity_with_a_grouped_matmul_kernel_is_refused_in_one_line(impl):
   with pytest.raises(UserError, match=f"impl='{impl}' is not allowed with dispatch='capacity'"):

@@ -12,6 +12,7 @@ check (`check_runnable`) and when traced (`kernel_run`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -192,11 +193,13 @@ def preload(impl: str, mode: str) -> None:
   context when imported (tokamax registers a `jax.make_user_context`); imported inside a
   program's first trace (a `platform_dependent` branch), that left the program's jit cache
   entry stale, so its second call traced and compiled it again. The model's MoE blocks call
-  this when built, before anything is traced."""
+  this when built, before anything is traced. A library that fails to import is left to the
+  trace that needs it, whose `kernel_run` reports it as before."""
   names = AUTO[mode].values() if impl == "auto" else (impl,)
   for name in dict.fromkeys(names):
     if KERNELS[name].missing() is None:
-      KERNELS[name].load()
+      with contextlib.suppress(ImportError):
+        KERNELS[name].load()
 
 
 def resolve_impl(impl: str, mode: str = "dropless", platform: str | None = None) -> str:
