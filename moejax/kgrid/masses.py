@@ -23,14 +23,10 @@ def score_masses(
   key_TxE = routing.selection_keys(s_TxE, rule, bias_E)
   cum_TxE = routing.selection_cumsum(s_TxE, key_TxE, rule)
   mass_k1_T, mass_K_T = cum_TxE[:, k - 1], cum_TxE[:, train_k - 1]
-  own_T = None  # the rule's own denominator, where it may be used (as routing.route)
-  if k2 is None or isinstance(k2, jax.Array):
-    s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
-    own_T = routing.norm_denominator(rule, s_TxK, mass_k1_T)
-  denom_T = own_T
+  s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
+  denom_T = routing.norm_denominator(rule, s_TxK, mass_k1_T)
   if k2 is not None:
-    top_T = jnp.take(cum_TxE, routing.traced_k2_index(k2) - 1, axis=-1)
-    denom_T = routing.k2_or_own(k2, top_T, own_T)
+    denom_T = routing.k2_denominator(cum_TxE, k2, denom_T)
   return mass_k1_T, mass_K_T, jnp.ones_like(mass_k1_T) if denom_T is None else denom_T
 
 

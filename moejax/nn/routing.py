@@ -249,29 +249,20 @@ def norm_denominator(
   return None if denominator is None else denominator(s_TxK, mass, rule.lp, keepdims)
 
 
-def k2_mass(s_TxE: jax.Array, key_TxE: jax.Array, rule: MergeRule, k2) -> jax.Array:
-  """Σ s_j over the top-k2 experts in selection order (`selection_cumsum`); `k2` may be a
-  traced int scalar, so one compiled step serves every k2."""
-  return jnp.take(selection_cumsum(s_TxE, key_TxE, rule), k2 - 1, axis=-1)
-
-
 # A k2 array holding OWN_K2 (any value <= 0) selects the rule's own normalization, so one
 # compiled grid forward serves the native cells and every integer k2 (moejax.kgrid.forward)
 OWN_K2 = 0
 
 
-def k2_or_own(k2, top_k2: jax.Array, own: jax.Array | None) -> jax.Array | None:
-  """The denominator of a forward at `k2` (not None): `top_k2` (the top-k2 mass), or, where
-  `k2` is an array holding OWN_K2, `own` (the rule's; None, i.e. 1, for `norm=none`).
-  `top_k2` must be computed at max(k2, 1) so it is finite either way."""
+def k2_denominator(cum_TxE: jax.Array, k2, own_T: jax.Array | None) -> jax.Array:
+  """The denominator at `k2` (not None) per token: Σ s_j over the top-k2 experts in selection
+  order (`cum_TxE`: `selection_cumsum`). `k2` may be a traced int scalar, so one compiled
+  forward serves every k2; an array holding OWN_K2 selects `own_T` instead (the rule's own
+  denominator; None, i.e. 1, for `norm=none`)."""
   if not isinstance(k2, jax.Array):
-    return top_k2
-  return jnp.where(k2 > OWN_K2, top_k2, 1.0 if own is None else own)
-
-
-def traced_k2_index(k2):
-  """`k2` for a top-k2 lookup: an array is clipped to >= 1 (OWN_K2 selects no column)."""
-  return jnp.maximum(k2, 1) if isinstance(k2, jax.Array) else k2
+    return jnp.take(cum_TxE, k2 - 1, axis=-1)
+  top_T = jnp.take(cum_TxE, jnp.maximum(k2, 1) - 1, axis=-1)  # OWN_K2 selects no column
+  return jnp.where(k2 > OWN_K2, top_T, 1.0 if own_T is None else own_T)
 
 
 def route(
@@ -299,13 +290,11 @@ def route(
   _, experts_TxK = jax.lax.top_k(key_TxE, k)
   s_TxK = jnp.take_along_axis(s_TxE, experts_TxK, axis=-1)
 
-  own_Tx1 = None  # the rule's own denominator, where it may be used
-  if k2 is None or isinstance(k2, jax.Array):
-    own_Tx1 = norm_denominator(rule, s_TxK, s_TxK.sum(-1, keepdims=True), keepdims=True)
-  denom_Tx1 = own_Tx1
-  if k2 is not None:
-    top_Tx1 = k2_mass(s_TxE, key_TxE, rule, traced_k2_index(k2))[:, None]
-    denom_Tx1 = k2_or_own(k2, top_Tx1, own_Tx1)
+  denom_Tx1 = norm_denominator(rule, s_TxK, s_TxK.sum(-1, keepdims=True), keepdims=True)
+  if k2 is not None:  # (the rule's own, unused at an integer k2, is dropped by the trace)
+    own_T = None if denom_Tx1 is None else denom_Tx1[:, 0]
+    cum_TxE = selection_cumsum(s_TxE, key_TxE, rule)
+    denom_Tx1 = k2_denominator(cum_TxE, k2, own_T)[:, None]
   p_TxK = s_TxK if denom_Tx1 is None else s_TxK / denom_Tx1
 
   weights_TxK = (rule.alpha(train_k) * p_TxK).astype(jnp.float32)
