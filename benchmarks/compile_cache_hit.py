@@ -11,9 +11,10 @@ host's first device (`moejax.aot.programs`, as `describe` builds them), each tim
 empty cache folder: XLA compiles and the cache writes) and `warm` (after `jax.clear_caches()`:
 the same program lowered again and its executable read from the folder); lowering is in
 both, so `warm` is what a cached program costs end to end. Each repeat is a fresh process
-with a fresh folder (JAX opens its cache folder once per process); the min is kept. Writes benchmarks/results/compile_cache_hit.json (`--result NAME` for another
-name). `compile_cache.json` measures whole processes instead (imports, data and the first
-step included).
+with a fresh folder (JAX opens its cache folder once per process); the min is kept. Writes
+benchmarks/results/compile_cache_hit.json (`--result NAME` for another name).
+`compile_cache.json` measures whole processes instead (imports, data and the first step
+included).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def main() -> None:
       prev = best.get(name, [float("inf"), float("inf")])
       best[name] = [min(prev[0], cold), min(prev[1], warm)]
   rows = [
-    {"program": n, "cold_s": c_, "warm_s": w, "warm_over_cold": w / c_} for n, (c_, w) in best.items()
+    {"program": n, "cold_s": cold, "warm_s": warm, "warm_over_cold": warm / cold}
+    for n, (cold, warm) in best.items()
   ]
   cold, warm = sum(r["cold_s"] for r in rows), sum(r["warm_s"] for r in rows)
   figures = {

@@ -34,9 +34,10 @@ on sm90)): 212M non-embedding parameters, 63× the CPU preset's 3.38M (`describe
 corpus is the CPU preset's byte-level stdlib (a larger held-out share, `_device`); 250 steps
 are 4.1M tokens, 3.3× the CPU preset's tokens per run: the most that lets the device plan
 (experiments/calibration/device_plan.py, from the committed device figures) fit two seeds
-per rule in the 480 s budget, where compiles take three quarters of the planned time. Byte, not BPE: no tokenizer to fit inside the call, the CPU study's
-tokenizer (so both sides are in nats per byte), and BPE would shrink a corpus that already
-holds under one epoch per run by about 3×.
+per rule in the 480 s budget, where compiles take three quarters of the planned time. Byte,
+not BPE: no tokenizer to fit inside the call, the CPU study's tokenizer (so both sides are
+in nats per byte), and BPE would shrink a corpus that already holds under one epoch per run
+by about 3×.
 """
 
 import ml_collections
