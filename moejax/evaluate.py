@@ -35,6 +35,15 @@ _TASKS = flags.DEFINE_string("tasks", None, "lm-eval tasks (names or YAML files)
 _INCLUDE = flags.DEFINE_string("include_path", None, "--tasks: a folder of task YAMLs.")
 _LIMIT = flags.DEFINE_integer("limit", None, "--tasks: at most this many items per task.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "--tasks: parameters in float32 or bfloat16.")
+_NUM_FEWSHOT = flags.DEFINE_integer(
+  "num_fewshot", None, "--tasks: few-shot examples per prompt (default: each task's own)."
+)
+_FEWSHOT_SEED = flags.DEFINE_integer(
+  "fewshot_seed", 1234, "--tasks: seed of the few-shot draws, reset before every cell."
+)
+_CHAT = flags.DEFINE_bool(
+  "apply_chat_template", False, "--tasks: render prompts with the imported tokenizer's chat template."
+)
 _GAIN_SEQUENCES = flags.DEFINE_integer(
   "gain_sequences", None, "Calibration windows of the gain fit (default eval.gain_sequences)."
 )
@@ -76,6 +85,8 @@ def main() -> int:
     cli.fail(f"--workdir {_WORKDIR.value}: no checkpoints/ (not trained yet); train first")
   if _TASKS.value is not None:  # the grid in downstream accuracy (docs/kgrid.md)
     kw = {"include_path": _INCLUDE.value, "limit": _LIMIT.value, "dtype": _DTYPE.value}
+    kw |= {"num_fewshot": _NUM_FEWSHOT.value, "fewshot_seed": _FEWSHOT_SEED.value,
+           "apply_chat_template": _CHAT.value}  # fmt: skip
     kw |= {"k1": _K1.value, "k2": _K2.value, "step": _STEP.value, "batch_size": _BATCH.value}
     entry.run_tasks(_WORKDIR.value, _TASKS.value, resamples=_RESAMPLES.value, **kw)
     return 0

@@ -93,7 +93,7 @@ def module_out_and_grads(impl: str, qk_norm: str):
   dy = jax.random.normal(jax.random.key(2), (1, L, 32), jnp.float32)
 
   def loss(p):
-    y = nnx.merge(graphdef, p)(x, pos)
+    y, _ = nnx.merge(graphdef, p)(x, pos)
     return jnp.sum(y * dy), y
 
   (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)

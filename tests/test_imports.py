@@ -38,6 +38,9 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/evaluate.py", "from moejax.kgrid.loading import load_config"): "entry point, after init",
   ("moejax/downstream/entry.py", "from moejax.downstream.grid import run_task_grid"): "lm-eval",
   ("moejax/downstream/grid.py", "import wandb"): "wandb (~3 s), only when wandb is on",
+  ("moejax/downstream/chat.py", "from transformers import AutoTokenizer"): (
+    "transformers (the hf extra), only for --apply_chat_template"
+  ),
   ("moejax/hf/__main__.py", "from moejax.hf.importer import import_checkpoint"): "torch",
   ("moejax/hf/__main__.py", "from moejax.hf.exporter import export_run"): "torch",
   # optional or heavy third-party modules, loaded only when the feature is used
@@ -112,6 +115,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("moejax.sizing",),  # the worksheet and model FLOPs
   ("moejax.training",),  # the step, checkpoints, the run directory, loop and trainer
   ("moejax.kgrid",),  # the k1:k2 grid of a checkpoint
+  ("moejax.decode",),  # generation with a cache and decode speed
   ("moejax.hf",),  # transformers checkpoints in and out
   ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
   ("moejax.downstream",),  # the k1:k2 grid on lm-eval tasks (the `eval` extra)

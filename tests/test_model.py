@@ -95,7 +95,7 @@ def test_attention_matches_numpy(qk_norm: bool):
     attn.k_norm.scale[...] = jnp.linspace(1.5, 0.5, 6)
   x = np.random.default_rng(2).normal(size=(2, 7, 12)).astype(np.float32)
   pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
-  got = attn(jnp.asarray(x), pos)
+  got, _ = attn(jnp.asarray(x), pos)
   assert got.shape == (2, 7, 12) and got.dtype == jnp.float32
   np.testing.assert_allclose(
     np.asarray(got), np_attention(attn, x, 100.0, 1e-6), rtol=1e-4, atol=1e-5

@@ -2,9 +2,11 @@
 native k1 = K cell (docs/kgrid.md "Downstream tasks").
 
 Per task, DIR/eval/tasks/<task>/k_grid.{jsonl,md,png} and each cell's per-item outcomes
-(`doc_id`, `correct`, `loglik_gold`). Row keys: `k1`, `k2`, `accuracy`, `delta_points`,
-`flips_to_wrong`, `flips_to_right`, `mcnemar_p` (exact), `delta_ci95` (paired bootstrap over
-items, points), `p_holm` (Holm across the grid's cells but the reference), `n_items`.
+(`doc_id`, `filter`, `metric`, `correct`, `prompt_hash`, and `loglik_gold` or `response`).
+Row keys: `k1`, `k2`, `metric`, `filter`, `accuracy`, `delta_points`, `flips_to_wrong`,
+`flips_to_right`, `mcnemar_p` (exact), `delta_ci95` (paired bootstrap over items, points),
+`p_holm` (Holm across the grid's cells but the reference), `n_items` (`rows`). Every cell's
+few-shot draws are seeded alike (`fewshot`), and cells pair only on identical prompts.
 Everything is checked (tasks, cells, tokenizer on every item) before a file is written.
 """
 
@@ -15,16 +17,19 @@ import logging
 
 import jax
 import numpy as np
+from flax import nnx
 from lm_eval import evaluator
 
 from moejax import distributed
 from moejax.config import grid_labels
 from moejax.config.run import RunConfig
-from moejax.downstream import report, scoring
+from moejax.decode.generator import Generator
+from moejax.downstream import chat as chat_lib
+from moejax.downstream import fewshot, report, scoring
 from moejax.downstream import tasks as tasks_lib
 from moejax.downstream.lm import MoejaxLM
-from moejax.downstream.loading import load_task_model
-from moejax.downstream.rows import ROW_KEYS, outcomes, task_rows
+from moejax.downstream.loading import imported_from, load_task_model
+from moejax.downstream.rows import ROW_KEYS, check_paired, outcomes, task_rows
 from moejax.errors import UserError
 from moejax.kgrid import cells as cells_lib
 from moejax.kgrid import gain as gain_lib
@@ -53,6 +58,16 @@ def _scales(tm, cells, K: int, n_calib: int, batch_size: int) -> dict:
   return {(k1, k2): cells_lib.RESCALINGS[k2].scale(inputs(k1)) for k1, k2 in wanted}
 
 
+def generator(tm, batch_size: int) -> Generator:
+  """The task model's generator: its scorer's parameters (and dtype) and context length,
+  stopping at the tokenizer's EOS."""
+  s = tm.scorer
+  cfg = nnx.merge(s.graphdef, s.params, s.router).cfg
+  eos = (int(tm.tokenizer.eos_id),)
+  return Generator(cfg, s.params, s.router, max_length=s.seq_len, batch_size=batch_size,
+                   eos_ids=eos)  # fmt: skip
+
+
 def _cells(rc: RunConfig, k1: str, k2: str) -> tuple[list, list[str]]:
   """The grid's cells (arguments win over the run's eval.k1/k2), the reference first."""
   K, E = rc.moe.top_k, rc.moe.n_experts
@@ -61,11 +76,14 @@ def _cells(rc: RunConfig, k1: str, k2: str) -> tuple[list, list[str]]:
   return cells_lib.cells(k1s, labels, K, E, normalizes=rc.rule.norm != "none")
 
 
-def _evaluate(lm, name: str, task, limit) -> list[dict]:
-  """lm-eval's per-item samples of one task at the scorer's current cell."""
+def _evaluate(lm, name: str, task, limit, fewshot_seed: int, chat: bool) -> list[dict]:
+  """lm-eval's per-item samples of one task at the scorer's current cell, its few-shot
+  sampler seeded first (every cell draws the same shots: `fewshot`)."""
+  fewshot.seed({name: task}, fewshot_seed)
   results = evaluator.evaluate(
-    lm, {"tasks": {name: task}}, limit=limit, log_samples=True, bootstrap_iters=0
-  )
+    lm, {"tasks": {name: task}}, limit=limit, log_samples=True, bootstrap_iters=0,
+    apply_chat_template=chat,
+  )  # fmt: skip
   return results["samples"][name]
 
 
@@ -81,6 +99,9 @@ def run_task_grid(
   dtype: str = "float32",
   batch_size: int | None = None,
   resamples: int | None = None,
+  num_fewshot: int | None = None,
+  fewshot_seed: int = fewshot.FEWSHOT_SEED,
+  apply_chat_template: bool = False,
   log=print,
 ) -> dict[str, list[dict]]:
   """Runs every cell on every task; writes each task's files; returns {task: rows}."""
@@ -93,13 +114,15 @@ def run_task_grid(
   if rc.moe is None:
     raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
   task_objs = tasks_lib.load_tasks(tasks, include_path)
+  fewshot.set_num_fewshot(task_objs, num_fewshot)
   rule, ev = rc.rule, rc.eval
   K, E = rc.moe.top_k, rc.moe.n_experts
   cells, notes = _cells(rc, k1, k2)
   bs = batch_size or ev.batch_size
   tm = load_task_model(workdir, rc, step=step, dtype=dtype, batch_size=bs)
   scales = _scales(tm, cells, K, ev.gain_sequences, bs)
-  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding)
+  chat = chat_lib.renderer(imported_from(workdir)) if apply_chat_template else None
+  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding, generator=generator(tm, bs), chat=chat)
   resamples = resamples or ev.bootstrap_resamples
   out = {}
   for name, task in task_objs.items():
@@ -108,7 +131,9 @@ def run_task_grid(
     for k1_, k2_ in cells:
       int_k2 = k2_ if isinstance(k2_, int) else None
       tm.scorer.cell = scoring.Cell(k1_, int_k2, scales.get((k1_, k2_)))
-      items[(k1_, k2_)] = outcomes(_evaluate(lm, name, task, limit))
+      samples = _evaluate(lm, name, task, limit, fewshot_seed, apply_chat_template)
+      items[(k1_, k2_)] = outcomes(samples)
+    check_paired(cells, items, name)
     out[name] = (task_rows(cells, items, resamples=resamples, seed=rc.train.seed), items)
   rule_name = rc.tree["model"]["moe"]["rule"]
   for name, (rows, items) in out.items():  # every task ran: now write

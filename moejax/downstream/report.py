@@ -30,15 +30,24 @@ def items_name(k1: int, k2) -> str:
 
 
 def markdown(rows: list[dict], title: str, *, n_experts: int, score: str) -> str:
-  """One line per cell: the columns above and Δ's paired-bootstrap CI; `*`: Holm p < 0.05."""
+  """One table per (metric, filter), a line per cell: the columns above and Δ's paired-
+  bootstrap CI; `*`: Holm p < 0.05."""
   lines = [
     f"# {title}",
     "",
-    "Δ points = 100 · (accuracy − accuracy at k1=K native), on the same items; flips count the",
-    "items right at native k1=K and wrong here (→ wrong) and the reverse (→ right); McNemar p is",
-    "the exact test on those; the CI is a paired bootstrap over items; Holm adjusts p across",
-    "the grid's cells. `*`: Holm p < 0.05.",
-    "",
+    "Δ points = 100 · (score − score at k1=K native), on the same items and prompts; flips",
+    "count the items right at native k1=K and wrong here (→ wrong) and the reverse (→ right);",
+    "McNemar p is the exact test on those; the CI is a paired bootstrap over items; Holm",
+    "adjusts p across the grid's cells. `*`: Holm p < 0.05.",
+  ]
+  for metric, filt in dict.fromkeys((r["metric"], r["filter"]) for r in rows):
+    part = [r for r in rows if (r["metric"], r["filter"]) == (metric, filt)]
+    lines += ["", f"## {metric}, filter {filt}", ""] + _table(part, n_experts, score)
+  return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[dict], n_experts: int, score: str) -> list[str]:
+  lines = [
     "| k1 | k2 | " + " | ".join(h for h, _, _ in COLUMNS) + " | Δ 95% CI |",
     "|---:|---|" + "---:|" * len(COLUMNS) + "---|",
   ]
@@ -48,7 +57,7 @@ def markdown(rows: list[dict], title: str, *, n_experts: int, score: str) -> str
     vals[1] += "*" if r["p_holm"] < grid_report.SIG_P else ""
     lo, hi = r["delta_ci95"]
     lines.append(f"| {r['k1']} | {label} | " + " | ".join(vals) + f" | [{lo:+.2f}, {hi:+.2f}] |")
-  return "\n".join(lines) + "\n"
+  return lines
 
 
 def write(out_dir: str, rows: list[dict], items: dict, *, title: str, n_experts: int, score: str):
@@ -60,6 +69,9 @@ def write(out_dir: str, rows: list[dict], items: dict, *, title: str, n_experts:
     for (k1, k2), outcomes in items.items():
       body = "".join(json.dumps(o) + "\n" for o in outcomes)
       runio.write_text(os.path.join(out, items_name(k1, k2)), body)
-    heat = [dict(r, delta=r["delta_points"], p_value=r["p_holm"]) for r in rows]
-    kw = {"title": title, "n_experts": n_experts, "score": score, "label": "Δ accuracy (points)"}
+    first = (rows[0]["metric"], rows[0]["filter"])  # the heatmap: the first (metric, filter)
+    heat = [dict(r, delta=r["delta_points"], p_value=r["p_holm"]) for r in rows
+            if (r["metric"], r["filter"]) == first]  # fmt: skip
+    label = f"Δ {first[0]} (points, filter {first[1]})"
+    kw = {"title": title, "n_experts": n_experts, "score": score, "label": label}
     grid_report.write_heatmap(heat, os.path.join(out, "k_grid.png"), **kw)

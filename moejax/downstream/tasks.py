@@ -8,7 +8,8 @@ from lm_eval.tasks import TaskManager
 
 from moejax.errors import UserError
 
-SCORED_TYPES = ("multiple_choice", "loglikelihood")  # tasks whose items have an `acc`
+# tasks whose items have an `acc` (scored) or an `exact_match` (generated)
+SCORED_TYPES = ("multiple_choice", "loglikelihood", "generate_until")
 
 
 def parse_names(spec: str) -> list[str]:
@@ -49,7 +50,7 @@ def load_tasks(spec: str, include_path: str | None = None) -> dict:
       if kind not in SCORED_TYPES:
         raise UserError(
           f"--tasks {name}: task {task_name} is a {kind} task; moejax's grid scores "
-          f"{' and '.join(SCORED_TYPES)} tasks (generation is not supported)"
+          f"{', '.join(SCORED_TYPES)} tasks"
         )
       tasks[task_name] = task
   return tasks

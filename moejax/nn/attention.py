@@ -60,6 +60,24 @@ def xla_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Arr
   return o_BxLxGxRxK.reshape(B, L, H, K)
 
 
+def masked_attention(
+  q_BxLxHxK: jax.Array, k_BxSxGxK: jax.Array, v_BxSxGxK: jax.Array, mask_BxLxS: jax.Array
+) -> jax.Array:
+  """Softmax attention of L queries over S keys under an explicit mask (decode over a
+  cache: `mixer.DecodeAt.mask_BxLxS`); float32 scores and softmax, GQA as `xla_attention`.
+  The values' width may differ from the keys'."""
+  B, L, H, K = q_BxLxHxK.shape
+  G = k_BxSxGxK.shape[2]
+  q_BxLxGxRxK = q_BxLxHxK.reshape(B, L, G, H // G, K)
+  s_BxGxRxLxS = jnp.einsum(
+    "blgrk,bsgk->bgrls", q_BxLxGxRxK, k_BxSxGxK, preferred_element_type=jnp.float32
+  ) * (K**-0.5)
+  s_BxGxRxLxS = jnp.where(mask_BxLxS[:, None, None], s_BxGxRxLxS, jnp.finfo(jnp.float32).min)
+  p_BxGxRxLxS = jax.nn.softmax(s_BxGxRxLxS, axis=-1).astype(v_BxSxGxK.dtype)
+  o_BxLxGxRxV = jnp.einsum("bgrls,bsgv->blgrv", p_BxGxRxLxS, v_BxSxGxK)
+  return o_BxLxGxRxV.reshape(B, L, H, v_BxSxGxK.shape[-1])
+
+
 def dot_product_attention(
   q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array
 ) -> jax.Array:

@@ -6,11 +6,14 @@ their inputs) to the compute dtype at use.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.nn.attention import ATTENTION_IMPLS
+from moejax.nn import mixer
+from moejax.nn.attention import ATTENTION_IMPLS, masked_attention
 
 DTYPES = ("float32", "bfloat16")
 # QK-norm per head over head_dim (Qwen3), or over the whole projection (OLMoE).
@@ -52,8 +55,16 @@ def rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Ar
   return out.astype(x_BxLxHxK.dtype)
 
 
+class KVCache(NamedTuple):
+  """A GQA layer's decode state (`moejax.nn.mixer`): roped keys and values per cache slot."""
+
+  k_BxSxGxK: jax.Array
+  v_BxSxGxK: jax.Array
+
+
 class Attention(nnx.Module):
-  """Grouped-query causal self-attention with RoPE, optional QK-norm and q/k/v biases.
+  """Grouped-query causal self-attention with RoPE, optional QK-norm and q/k/v biases; a
+  mixer (`moejax.nn.mixer`): `(y, cache)`, with a `KVCache` at decode.
 
   QK-norm is an RMSNorm on q and k before RoPE: per head over head_dim (`qk_norm_scope=
   "head"`, Qwen3) or over the whole projection, all heads at once (`"proj"`, OLMoE).
@@ -110,7 +121,19 @@ class Attention(nnx.Module):
     else:
       self.q_norm = self.k_norm = None
 
-  def __call__(self, x_BxLxD: jax.Array, positions_BxL: jax.Array) -> jax.Array:
+  def init_cache(self, batch: int, max_len: int, dtype) -> KVCache:
+    """Zeros for `max_len` slots of `batch` rows, in `dtype` (the compute dtype)."""
+    shape = (batch, max_len, self.n_kv_heads, self.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+  def __call__(
+    self,
+    x_BxLxD: jax.Array,
+    positions_BxL: jax.Array,
+    *,
+    cache: KVCache | None = None,
+    at: mixer.DecodeAt | None = None,
+  ) -> tuple[jax.Array, KVCache | None]:
     B, L, _ = x_BxLxD.shape
     q_BxLxHK, k_BxLxGK = self.q_proj(x_BxLxD), self.k_proj(x_BxLxD)
     if self.q_norm is not None and self.qk_norm_scope == "proj":
@@ -122,8 +145,16 @@ class Attention(nnx.Module):
       q_BxLxHxK, k_BxLxGxK = self.q_norm(q_BxLxHxK), self.k_norm(k_BxLxGxK)
     q_BxLxHxK = rope(q_BxLxHxK, positions_BxL, self.rope_theta)
     k_BxLxGxK = rope(k_BxLxGxK, positions_BxL, self.rope_theta)
-    o_BxLxHxK = ATTENTION_IMPLS[self.impl](q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
-    return self.o_proj(o_BxLxHxK.reshape(B, L, self.n_heads * self.head_dim))
+    if cache is None:
+      o_BxLxHxK = ATTENTION_IMPLS[self.impl](q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
+    else:
+      cache = KVCache(
+        mixer.write_slots(cache.k_BxSxGxK, k_BxLxGxK, at.index),
+        mixer.write_slots(cache.v_BxSxGxK, v_BxLxGxK, at.index),
+      )
+      mask_BxLxS = at.mask_BxLxS(L, cache.k_BxSxGxK.shape[1])
+      o_BxLxHxK = masked_attention(q_BxLxHxK, cache.k_BxSxGxK, cache.v_BxSxGxK, mask_BxLxS)
+    return self.o_proj(o_BxLxHxK.reshape(B, L, self.n_heads * self.head_dim)), cache
 
 
 def swiglu(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array) -> jax.Array:

@@ -15,7 +15,8 @@ from flax import nnx
 
 from moejax.backend import platforms
 from moejax.errors import UserError
-from moejax.nn import elastic, remat, stack
+from moejax.kernels import registry
+from moejax.nn import elastic, mixer, remat, stack
 from moejax.nn.attention import ATTENTION_IMPLS
 from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
@@ -203,12 +204,24 @@ class Block(nnx.Module):
     self, x_BxLxD, positions_BxL, *, train: bool = False, rng=None, ov: Overrides = NO_OVERRIDES
   ) -> tuple[jax.Array, RouterOut | None]:
     """`ov`: this layer's overrides (the per-layer rows, `Overrides.rows`); MoE blocks read them."""
-    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)
+    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), positions_BxL)[0]
     h_BxLxD = self.mlp_norm(x_BxLxD)
     if not self.is_moe:
       return x_BxLxD + self.mlp(h_BxLxD), None
     y_BxLxD, router_out = self.mlp(h_BxLxD, train=train, rng=rng, ov=ov)
     return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), router_out
+
+  def decode(self, x_BxLxD, at: mixer.DecodeAt, cache, ov: Overrides, rng):
+    """The block at decode (`moejax.nn.mixer`): the mixer reads and writes its cache; `ov`
+    is this layer's overrides. Returns (x, cache)."""
+    L = x_BxLxD.shape[1]
+    h_BxLxD, cache = self.attn(self.attn_norm(x_BxLxD), at.positions_BxL(L), cache=cache, at=at)
+    x_BxLxD = x_BxLxD + h_BxLxD
+    h_BxLxD = self.mlp_norm(x_BxLxD)
+    if not self.is_moe:
+      return x_BxLxD + self.mlp(h_BxLxD), cache
+    y_BxLxD, _ = self.mlp(h_BxLxD, train=False, rng=rng, ov=ov)
+    return x_BxLxD + y_BxLxD.astype(x_BxLxD.dtype), cache
 
 
 class Transformer(nnx.Module):
@@ -285,6 +298,46 @@ class Transformer(nnx.Module):
       ov = dataclasses.replace(ov, train_k=k_MxBxL)
     run = self._scanned if self.cfg.scan_layers else self._unrolled
     x_BxLxD, routers = run(x_BxLxD, positions_BxL, train, rng, ov)
+    return self._head(x_BxLxD), routers
+
+  def init_cache(self, batch: int, max_len: int):
+    """Every mixer's decode state for `batch` rows of `max_len` slots (`moejax.nn.mixer`):
+    a tuple by layer, or, scanned, by segment and body position, stacked over repeats."""
+    dt = jnp.dtype(self.cfg.dtype)
+    if not self.cfg.scan_layers:
+      return tuple(b.attn.init_cache(batch, max_len, dt) for b in self.layers)
+    out = []
+    for seg, stacked in zip(layer_segments(self.cfg), self.stacks):
+      one = lambda b: b.attn.init_cache(batch, max_len, dt)
+      out.append(tuple(
+        jax.tree.map(lambda a, R=seg.repeats: jnp.broadcast_to(a, (R, *a.shape)), one(b))
+        for b in stacked.blocks
+      ))  # fmt: skip
+    return tuple(out)
+
+  def decode(self, tokens_BxL, cache, at: mixer.DecodeAt, ov: Overrides = NO_OVERRIDES):
+    """Float32 logits [B, L, V] of L new tokens written at `at` (prefill or a step), and the
+    updated cache (`init_cache`). Eval routing at the cell `ov` (k, k2, routed scale), as the
+    scoring forward routes; the model should be built with `decode_config` (dropless)."""
+    x_BxLxD = self.embed(tokens_BxL)
+    rng = jax.random.key(EVAL_SECOND_EXPERT_SEED)
+    index = moe_indices(self.cfg)
+    if not self.cfg.scan_layers:
+      new = []
+      for i, (block, c) in enumerate(zip(self.layers, cache)):
+        rows = ov.rows(index[i]) if block.is_moe else (None, None)
+        lov = ov.with_per_layer(*rows)
+        x_BxLxD, c = block.decode(x_BxLxD, at, c, lov, jax.random.fold_in(rng, i))
+        new.append(c)
+      return self._head(x_BxLxD), tuple(new)
+    new = []
+    for seg, stacked, c in zip(layer_segments(self.cfg), self.stacks, cache):
+      x_BxLxD, c = decode_segment(seg, stacked, x_BxLxD, c, at, ov, index, rng)
+      new.append(c)
+    return self._head(x_BxLxD), tuple(new)
+
+  def _head(self, x_BxLxD):
+    """Final norm and the (tied or untied) head: float32 logits, padded ids masked."""
     cdt = jnp.dtype(self.cfg.dtype)
     h_BxLxD = self.final_norm(x_BxLxD).astype(cdt)
     if self.lm_head is None:
@@ -294,7 +347,7 @@ class Transformer(nnx.Module):
       logits_BxLxV = self.lm_head(h_BxLxD)
     if self.cfg.padded_vocab > self.cfg.vocab_size:
       logits_BxLxV = mask_padded_vocab(logits_BxLxV, self.cfg.vocab_size)
-    return logits_BxLxV, routers
+    return logits_BxLxV
 
   def _unrolled(self, x_BxLxD, positions_BxL, train, rng, ov):
     """The blocks as a Python loop: layer i's rng is `fold_in(rng, i)`."""
@@ -422,6 +475,49 @@ def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_
     for r in range(R) if out is not None else ():
       routers[layers_PxR[j][r]] = jax.tree.map(lambda a, r=r: a[r], out)
   return x_BxLxD, routers
+
+
+def decode_segment(seg, stacked: Stack, x_BxLxD, cache_P, at, ov, moe_index, rng):
+  """A segment at decode: one `lax.scan` over its repeats, each position's parameters and
+  cache rows scanned together; returns x and the segment's updated caches."""
+  graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
+  R = seg.repeats
+  layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
+  layers_RxP = jnp.asarray(layers_PxR, jnp.int32).T
+  rows = tuple(
+    ov.rows([moe_index[i] for i in ids]) if seg.moe[j] else (None, None)
+    for j, ids in enumerate(layers_PxR)
+  )
+
+  def body(x_BxLxD, xs):
+    states_P, caches_P, layer_P, rows_P = xs
+    new = []
+    for j, graphdef in enumerate(graphdefs):
+      block = nnx.merge(graphdef, states_P[j])
+      lov = ov.with_per_layer(*rows_P[j])
+      layer_rng = jax.random.fold_in(rng, layer_P[j])
+      x_BxLxD, c = block.decode(x_BxLxD, at, caches_P[j], lov, layer_rng)
+      new.append(c)
+    return x_BxLxD, tuple(new)
+
+  xs = (tuple(states), tuple(cache_P), layers_RxP, rows)
+  with jax.named_scope(LAYER_SCAN_SCOPE):
+    return jax.lax.scan(body, x_BxLxD, xs, length=R)
+
+
+def decode_config(cfg: ModelConfig) -> ModelConfig:
+  """The model config a decode runs (the one place decode's routing is decided): dropless
+  dispatch whatever the run trained with, since a generated token must not depend on what
+  else is in the step's batch, and with GShard's random second expert always sent
+  (`eval_second_expert="all"`), since the scoring forward's fixed-seed draw depends on a
+  token's index in its call. Everything else (rule, k1, k2, scale) routes as the scoring
+  forward does. A capacity-only kernel becomes `auto`."""
+  if cfg.moe is None:
+    return cfg
+  modes = ("dropless",) if cfg.moe.impl == "auto" else registry.KERNELS[cfg.moe.impl].modes
+  impl = cfg.moe.impl if "dropless" in modes else "auto"
+  moe = dataclasses.replace(cfg.moe, dispatch="dropless", eval_second_expert="all", impl=impl)
+  return dataclasses.replace(cfg, moe=moe)
 
 
 def router_biases(model: Transformer) -> list[tuple[nnx.Variable, list[int]]]:

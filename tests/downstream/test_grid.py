@@ -17,6 +17,7 @@ from runconfig import as_run
 from tiers import FULL
 
 from moejax import config as config_lib
+from moejax.errors import UserError
 from moejax import stats
 from moejax.downstream import nextline, report
 from moejax.downstream import rows as grid
@@ -31,10 +32,13 @@ def test_task_rows_against_hand_counts():
   cells = [(4, "native"), (2, "native"), (2, 4), (1, 4)]
   correct = {cells[0]: ref, cells[1]: np.where(rng.random(120) < 0.3, ~ref, ref),
              cells[2]: ref.copy(), cells[3]: np.where(rng.random(120) < 0.6, False, ref)}  # fmt: skip
-  items = {c: [{"doc_id": i, "correct": int(v), "loglik_gold": -float(i)} for i, v in enumerate(x)]
+  items = {c: [{"doc_id": i, "correct": int(v), "loglik_gold": -float(i), "metric": "acc",
+                "filter": "none", "prompt_hash": f"h{i}"} for i, v in enumerate(x)]
            for c, x in correct.items()}  # fmt: skip
   rows = grid.task_rows(cells, items, resamples=1000, seed=0)
-  assert [(r["k1"], r["k2"]) for r in rows] == cells
+  assert [(r["k1"], r["k2"], r["metric"], r["filter"]) for r in rows] == [
+    (*c, "acc", "none") for c in cells
+  ]
   raw = []
   for r, c in zip(rows, cells):
     now = correct[c]
@@ -59,13 +63,56 @@ def test_task_rows_against_hand_counts():
 
 def test_outcomes_from_lm_eval_samples():
   samples = [
-    {"doc_id": 1, "target": 0, "acc": 0.0, "filtered_resps": [(-3.0, False), (-1.0, True)]},
-    {"doc_id": 0, "target": 1, "acc": 1.0, "filtered_resps": [(-2.0, False), (-0.5, True)]},
-  ]
+    {"doc_id": 1, "target": 0, "acc": 0.0, "filtered_resps": [(-3.0, False), (-1.0, True)],
+     "filter": "none", "prompt_hash": "b"},
+    {"doc_id": 0, "target": 1, "acc": 1.0, "filtered_resps": [(-2.0, False), (-0.5, True)],
+     "filter": "none", "prompt_hash": "a"},
+  ]  # fmt: skip
+  common = {"filter": "none", "metric": "acc"}
   assert grid.outcomes(samples) == [
-    {"doc_id": 0, "correct": 1, "loglik_gold": -0.5},
-    {"doc_id": 1, "correct": 0, "loglik_gold": -3.0},
+    {"doc_id": 0, "correct": 1, "loglik_gold": -0.5, "prompt_hash": "a", **common},
+    {"doc_id": 1, "correct": 0, "loglik_gold": -3.0, "prompt_hash": "b", **common},
   ]
+
+
+def _gen_samples(correct_by_filter: dict, hashes) -> list[dict]:
+  """lm-eval's logged samples of a generation task: one per (item, filter)."""
+  return [{"doc_id": i, "filter": f, "exact_match": float(c), "filtered_resps": [f"{f}:{i}"],
+           "target": "7", "prompt_hash": hashes[i]}
+          for f, cs in correct_by_filter.items() for i, c in enumerate(cs)]  # fmt: skip
+
+
+def test_generation_rows_per_filter_against_hand_counts():
+  rng = np.random.default_rng(1)
+  cells, n = [(8, "native"), (2, "native")], 60
+  hashes = [f"p{i}" for i in range(n)]
+  correct = {c: {f: rng.random(n) < 0.5 for f in ("strict-match", "flexible-extract")}
+             for c in cells}  # fmt: skip
+  items = {c: grid.outcomes(_gen_samples(correct[c], hashes)) for c in cells}
+  assert items[cells[1]][0]["response"] == "flexible-extract:0"  # filters sort by name
+  rows = grid.task_rows(cells, items, resamples=1000, seed=0)
+  assert [(r["k1"], r["filter"], r["metric"]) for r in rows] == [
+    (8, "flexible-extract", "exact_match"), (2, "flexible-extract", "exact_match"),
+    (8, "strict-match", "exact_match"), (2, "strict-match", "exact_match"),
+  ]  # fmt: skip
+  for r in rows:
+    ref, now = correct[cells[0]][r["filter"]], correct[(r["k1"], r["k2"])][r["filter"]]
+    b, c = int(np.sum(ref & ~now)), int(np.sum(now & ~ref))
+    assert (r["flips_to_wrong"], r["flips_to_right"], r["n_items"]) == (b, c, n)
+    p = 1.0 if b + c == 0 else sps.binomtest(b, b + c, 0.5).pvalue
+    assert r["mcnemar_p"] == pytest.approx(p, rel=1e-10)
+    assert r["p_holm"] == pytest.approx(1.0 if r["k1"] == 8 else p)  # one cell per filter
+  md = report.markdown(rows, "t", n_experts=8, score="softmax")
+  assert "## exact_match, filter strict-match" in md and "## exact_match, filter flexible" in md
+
+
+def test_cells_on_other_prompts_are_not_paired():
+  cells = [(8, "native"), (2, "native")]
+  same = {c: grid.outcomes(_gen_samples({"none": [1, 0, 1]}, ["a", "b", "c"])) for c in cells}
+  grid.check_paired(cells, same, "t")  # identical prompts: paired
+  other = same | {cells[1]: grid.outcomes(_gen_samples({"none": [1, 0, 1]}, "abX"))}
+  with pytest.raises(UserError, match=r"task t: cell \(2, 'native'\) scored 1 items on other"):
+    grid.check_paired(cells, other, "t")
 
 
 # ------------------------------------------------------------------ full tier: a trained run
