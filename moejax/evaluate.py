@@ -44,6 +44,10 @@ _FEWSHOT_SEED = flags.DEFINE_integer(
 _CHAT = flags.DEFINE_bool(
   "apply_chat_template", False, "--tasks: render prompts with the imported tokenizer's chat template."
 )
+_DECODE_SPEED = flags.DEFINE_bool(
+  "decode_speed", False, "Measure decode tok/s per (k1, batch) against the bandwidth bound."
+)
+_BATCHES = flags.DEFINE_string("batch", "1,8,32", "--decode_speed: batch sizes, comma-separated.")
 _GAIN_SEQUENCES = flags.DEFINE_integer(
   "gain_sequences", None, "Calibration windows of the gain fit (default eval.gain_sequences)."
 )
@@ -90,6 +94,8 @@ def main() -> int:
     kw |= {"k1": _K1.value, "k2": _K2.value, "step": _STEP.value, "batch_size": _BATCH.value}
     entry.run_tasks(_WORKDIR.value, _TASKS.value, resamples=_RESAMPLES.value, **kw)
     return 0
+  if _DECODE_SPEED.value:  # decode speed per (k1, batch) (docs/performance.md)
+    return _decode_speed(_WORKDIR.value)
   distributed.initialize()  # before any other JAX call; a no-op for a single process
   main_process = distributed.is_main()
   from moejax.kgrid.loading import load_config  # pylint: disable=import-outside-toplevel
@@ -109,6 +115,24 @@ def main() -> int:
   if main_process:
     sub = [] if _STEP.value is None else [f"step{_STEP.value}"]
     print(runio.read_text(runio.path(_WORKDIR.value, "eval", *sub, "k_grid.md")))
+  return 0
+
+
+def _decode_speed(workdir: str) -> int:
+  from moejax.config import grid_labels  # pylint: disable=import-outside-toplevel
+  from moejax.decode import speed  # pylint: disable=import-outside-toplevel
+  from moejax.kgrid.loading import load_config  # pylint: disable=import-outside-toplevel
+
+  batches = []
+  for tok in _BATCHES.value.split(","):
+    if not tok.strip().isdigit() or int(tok) < 1:
+      cli.fail(f"--batch value {tok.strip()!r} is not allowed; use integers >= 1, e.g. 1,8,32")
+    batches.append(int(tok))
+  rc = load_config(workdir)
+  if rc.moe is None:
+    raise UserError(f"{workdir} holds a dense model (model.moe_every=0); nothing to route")
+  k1s = grid_labels.parse_k1(_K1.value, rc.moe.top_k, rc.moe.n_experts)
+  speed.run_decode_speed(workdir, rc, k1s=k1s, batches=batches, step=_STEP.value)
   return 0
 
 

@@ -36,6 +36,11 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/evaluate.py", "from moejax import distributed, runio"): "entry point, before jax",
   ("moejax/evaluate.py", "from moejax.kgrid.run import run_grid"): "entry point, after init",
   ("moejax/evaluate.py", "from moejax.kgrid.loading import load_config"): "entry point, after init",
+  ("moejax/evaluate.py", "from moejax.config import grid_labels"): "entry point",
+  ("moejax/evaluate.py", "from moejax.decode import speed"): "entry point, --decode_speed",
+  ("moejax/generate.py", "from moejax.decode import session as session_lib"): "entry point",
+  ("moejax/generate.py", "from moejax.downstream import encoding, loading"): "entry point",
+  ("moejax/generate.py", "from moejax.kgrid.loading import load_config"): "entry point",
   ("moejax/downstream/entry.py", "from moejax.downstream.grid import run_task_grid"): "lm-eval",
   ("moejax/downstream/grid.py", "import wandb"): "wandb (~3 s), only when wandb is on",
   ("moejax/downstream/chat.py", "from transformers import AutoTokenizer"): (
@@ -119,7 +124,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("moejax.hf",),  # transformers checkpoints in and out
   ("moejax.aot",),  # ahead-of-time compiles for accelerators this host lacks
   ("moejax.downstream",),  # the k1:k2 grid on lm-eval tasks (the `eval` extra)
-  ("moejax.train", "moejax.evaluate", "moejax.describe", "moejax.prepare", "moejax.tasks"),
+  ("moejax.train", "moejax.evaluate", "moejax.describe", "moejax.prepare", "moejax.tasks",
+   "moejax.generate"),
 )
 
 

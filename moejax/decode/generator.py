@@ -61,11 +61,12 @@ class Generator:
       self._fns[key] = compile_options.jit(fn)
     return self._fns[key]
 
-  def check(self, n_new: int) -> None:
+  def check(self, n_new: int, name: str = "max_gen_toks") -> None:
+    """`n_new` new tokens leave room for a prompt in the context, or a UserError naming
+    `name` (lm-eval's generation kwarg, or the command's flag)."""
     if not 1 <= n_new < self.max_length:
       raise UserError(
-        f"max_gen_toks={n_new} is not allowed; use 1 <= max_gen_toks < the context length "
-        f"{self.max_length}"
+        f"{name}={n_new} is not allowed; use 1 <= {name} < the context length {self.max_length}"
       )
 
   def generate(self, prompts: Sequence[Sequence[int]], n_new: int, *, k1: int | None = None,

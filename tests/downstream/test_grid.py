@@ -234,3 +234,24 @@ def test_bad_inputs_one_line_nothing_written(trained, tmp_path):
     assert p.returncode == 2 and lines[-1].startswith("error: ") and expect in lines[-1], p.stderr
     assert "Traceback" not in p.stderr
   assert not os.path.exists(os.path.join(workdir, "eval", "tasks", "surrogate"))
+
+
+@FULL
+def test_generation_task_grid_end_to_end(trained, tmp_path):
+  from downstream.gen_task import gen_task
+
+  workdir, _ = trained
+  yaml = gen_task(tmp_path, "gen")
+  p = _run("moejax.evaluate", "--workdir", workdir, "--tasks", yaml, "--k1", "4,2",
+           "--k2", "native", "--resamples", 1000)  # fmt: skip
+  assert p.returncode == 0, p.stderr[-3000:]
+  for filt in ("strict-match", "flexible-extract"):
+    assert f"## exact_match, filter {filt}" in p.stdout
+  assert "McNemar p | Holm p" in p.stdout
+  out = os.path.join(workdir, "eval", "tasks", "gen")
+  rows = _jsonl(os.path.join(out, "k_grid.jsonl"))
+  assert [(r["k1"], r["filter"]) for r in rows] == [
+    (4, "flexible-extract"), (2, "flexible-extract"), (4, "strict-match"), (2, "strict-match")
+  ]
+  items = _jsonl(os.path.join(out, report.items_name(2, "native")))
+  assert len(items) == 20 and all("response" in o and o["prompt_hash"] for o in items)

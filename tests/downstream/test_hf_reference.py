@@ -15,6 +15,7 @@ import pytest
 from tiers import FULL
 
 from moejax.downstream import loading
+from downstream.gen_task import gen_task
 from moejax.errors import UserError
 
 K1 = 2
@@ -106,3 +107,42 @@ def test_per_item_logliks_match_lm_eval_hf(fam, bos, tmp_path):
     got_ll, got_acc = _logliks(got["samples"][f"ref_{fam}"])
     np.testing.assert_allclose(got_ll, want_ll, rtol=1e-5, atol=1e-4, err_msg=f"k1={k1}")
     np.testing.assert_array_equal(got_acc, want_acc)
+
+
+def _responses(samples) -> dict:
+  """{(filter, doc_id): (raw response, filtered response, exact_match)}."""
+  return {(s["filter"], s["doc_id"]): (s["resps"][0][0], s["filtered_resps"][0], s["exact_match"])
+          for s in samples}  # fmt: skip
+
+
+@FULL
+@pytest.mark.parametrize("fam", ["olmoe", "qwen3_moe"])
+def test_generation_responses_match_lm_eval_hf(fam, tmp_path):
+  import lm_eval
+  import test_hf
+  from lm_eval import evaluator
+
+  from moejax.downstream import grid
+  from moejax.downstream import tasks as tasks_lib
+  from moejax.downstream.lm import MoejaxLM
+  from moejax.kgrid.loading import load_config
+
+  _, run, _, src = test_hf.Imported(tmp_path)[fam, True]
+  tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+  (src / "tokenizer_config.json").write_text(
+    json.dumps(tok_cfg | {"tokenizer_class": "PreTrainedTokenizerFast"})
+  )
+  yaml = gen_task(tmp_path, f"gen_{fam}")
+  ref = lm_eval.simple_evaluate(
+    model="hf", model_args={"pretrained": str(src), "dtype": "float32", "device": "cpu"},
+    tasks=[yaml], batch_size=4, log_samples=True, bootstrap_iters=0,
+  )  # fmt: skip
+  want = _responses(ref["samples"][f"gen_{fam}"])
+  tm = loading.load_task_model(str(run), load_config(str(run)), step=None, batch_size=4)
+  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding, generator=grid.generator(tm, 4))
+  got = evaluator.evaluate(lm, {"tasks": tasks_lib.load_tasks(yaml)}, log_samples=True,
+                           bootstrap_iters=0)  # fmt: skip
+  got = _responses(got["samples"][f"gen_{fam}"])
+  assert sorted(got) == sorted(want) and len(want) == 20  # 10 items x 2 filters
+  assert got == want
+  assert len({r for r, _, _ in want.values()}) > 1  # responses differ: a real comparison
