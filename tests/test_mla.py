@@ -30,7 +30,15 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3
 from moejax.errors import UserError
 from moejax.nn import yarn
 from moejax.nn.mixer import DecodeAt, start_at
-from moejax.nn.mla import MLAConfig, MLAttention
+from moejax.nn.mla import (
+  MLAConfig,
+  MLAttention,
+  cache_per_token,
+  decode_flops_per_token,
+  matmul_params,
+  param_count,
+  score_flops_per_token,
+)
 
 D, H, B, L = 32, 4, 2, 7
 SHAPES = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=6)
@@ -206,9 +214,9 @@ def test_mla_matches_transformers_attention(case):
   rope = None if mscales is None else rope_parameters(*mscales)
   hf_cfg = hf_config(family, rope, q_rank, interleave)
   torch.manual_seed(0)
+  prefix = "DeepseekV2" if family == "v2" else "DeepseekV3"
   module = hf_v2 if family == "v2" else hf_v3
-  attn_cls = module.DeepseekV2Attention if family == "v2" else module.DeepseekV3Attention
-  rotary_cls = module.DeepseekV2RotaryEmbedding if family == "v2" else module.DeepseekV3RotaryEmbedding
+  attn_cls, rotary_cls = (getattr(module, prefix + n) for n in ("Attention", "RotaryEmbedding"))
   hf_attn = attn_cls(hf_cfg, 0).eval()
   randomize_norms(hf_attn, 1)
   x = torch.randn(B, L, D)
@@ -319,3 +327,49 @@ def test_mla_config_refuses_bad_values():
     MLAConfig(kv_lora_rank=0)
   assert MLAConfig().rope_scaling is None
   assert MLAConfig(rope_type="yarn", rope_factor=40.0).softmax_scale == pytest.approx(48**-0.5)
+
+
+# ---- parameters and FLOPs (docs/mla.md) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 12])
+def test_param_counts_match_transformers_module(q_lora_rank):
+  hf_attn = hf_v2.DeepseekV2Attention(hf_config("v2", None, q_lora_rank), 0)
+  cfg = mla_config(None, q_lora_rank)
+  total = sum(p.numel() for p in hf_attn.parameters())
+  linear = sum(m.weight.numel() for m in hf_attn.modules() if isinstance(m, torch.nn.Linear))
+  assert param_count(D, H, cfg) == total
+  assert matmul_params(D, H, cfg) == linear
+  assert cache_per_token(cfg) == SHAPES["kv_lora_rank"] + SHAPES["qk_rope_head_dim"]
+
+
+def dot_flops(jaxpr) -> int:
+  """2·(multiply-adds) of every dot_general in a jaxpr and the jaxprs inside it."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+      lhs, rhs = (v.aval.shape for v in eqn.invars)
+      out = eqn.outvars[0].aval.shape
+      total += 2 * math.prod(out) * math.prod(lhs[i] for i in lhs_contract)
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else (p,):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          total += dot_flops(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          total += dot_flops(sub)
+  return total
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 12])
+def test_flops_formulas_count_the_traced_matmuls(q_lora_rank):
+  cfg = mla_config(rope_parameters(1.0, 1.0), q_lora_rank)
+  m = MLAttention(D, H, cfg, rngs=nnx.Rngs(0))
+  pos = jnp.zeros((B, L), jnp.int32)
+  forward = jax.make_jaxpr(lambda x: m(x, pos)[0])(jnp.zeros((B, L, D)))
+  per_token = 2 * matmul_params(D, H, cfg) + score_flops_per_token(H, cfg, L) // 3
+  assert dot_flops(forward.jaxpr) == B * L * per_token
+  S = 11
+  cache, at = m.init_cache(B, S, jnp.float32), DecodeAt(jnp.asarray(4), jnp.zeros(B, jnp.int32))
+  step = jax.make_jaxpr(lambda x: m(x, pos[:, :1], cache=cache, at=at)[0])(jnp.zeros((B, 1, D)))
+  assert dot_flops(step.jaxpr) == B * decode_flops_per_token(D, H, cfg, S)

@@ -114,6 +114,40 @@ class MLAConfig:
     return self.qk_head_dim**-0.5 * yarn.softmax_factor(self.rope_scaling)
 
 
+def matmul_params(d_model: int, n_heads: int, cfg: MLAConfig) -> int:
+  """N of one MLA layer: the projection weights a token is multiplied by (no norms)."""
+  D, H, C = d_model, n_heads, cfg.kv_lora_rank
+  qk, dn, dr, dv = cfg.qk_head_dim, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+  q = D * cfg.q_lora_rank + cfg.q_lora_rank * H * qk if cfg.q_lora_rank else D * H * qk
+  return q + D * (C + dr) + C * H * (dn + dv) + H * dv * D
+
+
+def param_count(d_model: int, n_heads: int, cfg: MLAConfig) -> int:
+  """One MLA layer's parameters: N plus the two a-norms' scales (q_lora_rank + kv_lora_rank)."""
+  return matmul_params(d_model, n_heads, cfg) + cfg.q_lora_rank + cfg.kv_lora_rank
+
+
+def score_flops_per_token(n_heads: int, cfg: MLAConfig, seq_len: int) -> int:
+  """Training FLOPs of QKᵀ (width dn+dr) and PV (width dv) per token and layer, full L×L:
+  2·L·(dn+dr) + 2·L·dv per head, forward, × 3 (flops.py's convention)."""
+  return 6 * n_heads * (cfg.qk_head_dim + cfg.v_head_dim) * seq_len
+
+
+def decode_flops_per_token(d_model: int, n_heads: int, cfg: MLAConfig, context: int) -> int:
+  """Forward FLOPs of one decode step (absorbed form) over `context` cached slots, per layer:
+  the projections but kv_b_proj, its two halves on the query and on õ (H·C·(dn+dv)), the
+  scores H·(C+dr)·S and the weighted latents H·C·S, 2 FLOPs per multiply-add."""
+  H, C, dr = n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+  dn, dv = cfg.qk_nope_head_dim, cfg.v_head_dim
+  projections = matmul_params(d_model, n_heads, cfg) - C * H * (dn + dv)
+  return 2 * (projections + H * C * (dn + dv) + H * (2 * C + dr) * context)
+
+
+def cache_per_token(cfg: MLAConfig) -> int:
+  """Numbers cached per token and layer: the latent and the rope key, C + dr."""
+  return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+
+
 class MLACache(NamedTuple):
   """One layer's decode state: what MLA caches instead of per-head keys and values."""
 
