@@ -33,10 +33,10 @@ from moejax.nn.norms import gated_rms_norm, zero_centred_rms_norm
 
 D, HK, HV, DK, DV, W = 32, 2, 4, 8, 6, 4  # tiny: 2 key heads, 4 value heads
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16  # gated attention; rotary dims 16 · 0.25 = 4
-LINEAR = dict(
-  linear_num_key_heads=HK, linear_num_value_heads=HV, linear_key_head_dim=DK,
-  linear_value_head_dim=DV, linear_conv_kernel_dim=W,
-)  # fmt: skip
+LINEAR = {
+  "linear_num_key_heads": HK, "linear_num_value_heads": HV, "linear_key_head_dim": DK,
+  "linear_value_head_dim": DV, "linear_conv_kernel_dim": W,
+}  # fmt: skip
 COMMON = dict(
   vocab_size=64, hidden_size=D, num_hidden_layers=4, num_attention_heads=HEADS,
   num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, rms_norm_eps=1e-6, num_experts=4,
@@ -51,15 +51,15 @@ def raw_inputs(seed: int, L: int, B: int = 2, hk: int = HK, hv: int = HV):
   """Unnormalized q, k [B, L, hk, DK], v [B, L, hv, DV], a, b [B, L, hv], A_log, dt_bias."""
   r = np.random.default_rng(seed)
   f = np.float32
-  return dict(
-    q=r.normal(size=(B, L, hk, DK)).astype(f),
-    k=r.normal(size=(B, L, hk, DK)).astype(f),
-    v=r.normal(size=(B, L, hv, DV)).astype(f),
-    a=r.normal(size=(B, L, hv)).astype(f),
-    b=r.normal(size=(B, L, hv)).astype(f),
-    A_log=np.log(r.uniform(0.05, 2.0, size=hv)).astype(f),
-    dt_bias=r.normal(size=hv).astype(f),
-  )
+  return {
+    "q": r.normal(size=(B, L, hk, DK)).astype(f),
+    "k": r.normal(size=(B, L, hk, DK)).astype(f),
+    "v": r.normal(size=(B, L, hv, DV)).astype(f),
+    "a": r.normal(size=(B, L, hv)).astype(f),
+    "b": r.normal(size=(B, L, hv)).astype(f),
+    "A_log": np.log(r.uniform(0.05, 2.0, size=hv)).astype(f),
+    "dt_bias": r.normal(size=hv).astype(f),
+  }
 
 
 def rule_args(x: dict):
@@ -105,7 +105,7 @@ def test_chunked_rule_equals_the_sequential_oracle(L: int):
     o, S_end = rule(*args, initial_state=S)
     return jnp.sum(o * wo) + jnp.sum(S_end * ws), (o, S_end)
 
-  chunked = lambda *a, **kw: gd.chunk_gated_delta(*a, **kw, chunk=64)  # noqa: E731
+  chunked = lambda *a, **kw: gd.chunk_gated_delta(*a, **kw, chunk=64)
   primal = (x["q"], x["k"], x["v"], x["a"], x["b"], S0)
   grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4, 5, 6), has_aux=True), static_argnums=0)
   (g_seq, (o_seq, S_seq)) = grad(gd.recurrent_gated_delta, *primal)
@@ -153,7 +153,7 @@ def test_both_rules_match_transformers(L: int):
   g, beta = gd.decay_and_beta(x["a"], x["b"], x["A_log"], x["dt_bias"])
   t = {n: torch.from_numpy(x[n]) for n in "qkv"}
   tg, tb = torch.tensor(np.asarray(g)), torch.tensor(np.asarray(beta))
-  kw = dict(initial_state=torch.from_numpy(S0), output_final_state=True)
+  kw = {"initial_state": torch.from_numpy(S0), "output_final_state": True}
   kw["use_qk_l2norm_in_kernel"] = True
   o_hc, S_hc = hfnext.torch_chunk_gated_delta_rule(t["q"], t["k"], t["v"], tg, tb, **kw)
   o_hr, S_hr = hfnext.torch_recurrent_gated_delta_rule(t["q"], t["k"], t["v"], tg, tb, **kw)
