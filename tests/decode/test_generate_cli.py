@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from runconfig import as_run
+from tiers import FULL
 
 from moejax import config as config_lib
 from moejax.data.tokenizer import ByteTokenizer
@@ -75,6 +76,7 @@ def evaluate(*args):
                         capture_output=True, text=True, env=env, timeout=600, check=False)  # fmt: skip
 
 
+@FULL
 def test_decode_speed_writes_a_row_per_cell_with_measured_experts(workdir):
   import json
 
