@@ -13,7 +13,10 @@ Copied from the public configuration (technical report; deepseek-ai/DeepSeek-V3 
     f_i = E / (K * T) * count_i in the report). No z-loss. Untied embeddings.
 Scaled down: 256 experts -> 16 in 8 groups of 2 (keep 4 groups = 8 candidate experts), top-8
 -> 4, 61 layers -> 4 with 1 dense, d_model 7168 -> 64, expert width 2048 -> 32, shared width
-1 x 32, dense d_ff ~ (top-k + shared) x expert width. MLA attention and MTP are not modelled.
+1 x 32, dense d_ff ~ (top-k + shared) x expert width.
+Attention is MLA (`model.mixers=mla`): query LoRA rank 1536 -> 24, kv_lora_rank 512 -> 32,
+head dims 128/64/128 -> 16/8/16, YaRN (factor 40, mscale 1, mscale_all_dim 1: the softmax
+scale × 1.8739). The MTP module is not modelled.
 """
 
 import ml_collections
@@ -33,7 +36,13 @@ def get_config() -> ml_collections.ConfigDict:
     d_ff=(top_k + n_shared) * d_expert,
     moe_every=1,
     first_dense=1,
+    mixers="mla",
   )
+  c.model.mla.update(
+    q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    rope_type="yarn", rope_factor=40.0, rope_original_max_position_embeddings=4096,
+    rope_mscale=1.0, rope_mscale_all_dim=1.0,
+  )  # fmt: skip
   c.model.moe.update(
     rule="deepseek_v3",
     n_experts=16,

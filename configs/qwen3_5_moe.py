@@ -12,8 +12,11 @@ on Qwen3.5-35B-A3B; Qwen3-Next-80B-A3B is the same MoE design with 512 experts, 
     is K), so the copied weight acts as strongly as it does there.
   * QK-norm, GQA 16 query / 2 kv heads, untied embeddings.
 Scaled down: 256 experts -> 16, top-8 -> 4, 40 layers -> 4, d_model 2048 -> 64, expert and
-shared width 512 -> 32. Not modelled: the 3:1 Gated DeltaNet / gated-attention hybrid, partial
-RoPE, zero-centred norms, MTP.
+shared width 512 -> 32.
+The hybrid is modelled: three Gated DeltaNet layers then one gated full-attention layer
+(`model.mixers`, layer_types' 3:1 pattern; Gated DeltaNet 16 key / 32 value heads of 128 ->
+2 / 4 of 16, conv 4), gated attention with partial RoPE 0.25 (head_dim 256 -> 16), and
+zero-centred norms (`model.norm`). Not modelled: MTP.
 """
 
 import ml_collections
@@ -30,10 +33,18 @@ def get_config() -> ml_collections.ConfigDict:
     n_heads=4,
     n_kv_heads=1,
     tie_embeddings=False,
+    head_dim=16,
     qk_norm=True,
     moe_every=1,
     first_dense=0,
+    mixers="gated_deltanet,gated_deltanet,gated_deltanet,gated_attention",
+    norm="zero_centred",
+    partial_rotary_factor=0.25,
   )
+  c.model.gated_deltanet.update(
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+  )  # fmt: skip
   c.model.moe.update(
     rule="qwen3_5_moe",
     n_experts=16,

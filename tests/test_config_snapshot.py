@@ -46,7 +46,19 @@ def _resolve(spec: str) -> dict:
 # checked, then dropped before the comparison (issue 34: the layer stack as a scan).
 # Issue 36: `model.not_modelled` became a ModelConfig field (every key one dataclass's), so the
 # typed model carries the config's text; a callable value is read from the resolved dict.
+def _mixer_sections(where):
+  from moejax.config import defaults
+
+  return lambda got: defaults.section_defaults(f"model.{where}")
+
+
 ADDED = {
+  # issues 58 and 61: the token mixer per layer and its sections (GQA everywhere, as before)
+  **{(*top, "model", "mixers"): "gqa" for top in (("config",), ())},
+  **{(*top, "model", "norm"): "rms" for top in (("config",), ())},
+  **{(*top, "model", "partial_rotary_factor"): 1.0 for top in (("config",), ())},
+  **{(*top, "model", sub): _mixer_sections(sub)
+     for top in (("config",), ()) for sub in ("mla", "gated_deltanet")},  # fmt: skip
   ("config", "model", "scan_layers"): True,
   ("model", "scan_layers"): True,
   ("config", "model", "scan_unroll"): -1,  # by platform and remat (model.auto_unroll)

@@ -38,6 +38,7 @@ PRESET_RULES = {
   "mixtral": "mixtral",
   "deepseekmoe": "deepseek_v2_lite",
   "deepseek_v3": "deepseek_v3",
+  "deepseek_v2_lite": "deepseek_v2_lite",
   "qwen2_moe": "qwen2_moe",
   "qwen3_moe": "qwen3_moe",
   "qwen3_5_moe": "qwen3_5_moe",
@@ -215,6 +216,7 @@ PRESET_BALANCE = {
   "olmo": ("fraction", "all"),
   "olmoe": ("fraction", "all"),
   "deepseekmoe": ("fraction", "all"),
+  "deepseek_v2_lite": ("fraction", "all"),
   "deepseek_v3": ("fraction", "all"),
 }
 

@@ -4,6 +4,7 @@ perf/ metrics of a short training run on CPU."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 
 import jax
@@ -134,3 +135,27 @@ def test_training_rows_have_tflops_and_no_mfu_on_cpu(tmp_path):
     expected = per_token * r["tokens_per_sec"] / jax.device_count() / 1e12
     assert r[flops.TFLOPS_METRIC] == pytest.approx(expected, rel=1e-9)
     assert r[flops.TFLOPS_METRIC] > 0
+
+
+@pytest.mark.parametrize("mixers", ["mla", "gated_deltanet,gated_attention"])
+def test_mixers_matmul_weights_are_the_models_attention_matrices(mixers):
+  """The attention part of N for MLA, Gated DeltaNet and gated attention: every matrix a token
+  meets in a mixer (the Linear kernels under `attn`, counted from the built model)."""
+  from moejax import build
+  from moejax.nn.gated_deltanet import GatedDeltaNetConfig
+  from moejax.nn.mla import MLAConfig
+  from moejax.nn.model import ModelConfig
+  from moejax.sizing import flops
+
+  cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                    moe=None, moe_every=0, mixers=mixers, partial_rotary_factor=0.25,
+                    mla=MLAConfig(q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8,
+                                  qk_rope_head_dim=4, v_head_dim=6),
+                    gated_deltanet=GatedDeltaNetConfig(2, 4, 8, 6, 4))  # fmt: skip
+  params = build.abstract_params(cfg)
+  kernels = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    names = build.param_names(path)
+    if "attn" in names and names[-1] == "kernel":
+      kernels += math.prod(leaf.shape)
+  assert flops.matmul_params(cfg).attention == kernels

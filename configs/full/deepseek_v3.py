@@ -5,18 +5,15 @@ layers, first_k_dense_replace 3 with intermediate_size 18432, 256 routed experts
 moe_intermediate_size 2048, top-8, 1 shared expert (2048), n_group 8 / topk_group 4, vocab
 129280, untied embeddings.
 
-Attention is SIMPLIFIED: moejax has no multi-head latent attention (MLA: q_lora_rank 1536,
-kv_lora_rank 512, qk_nope/rope/v head dims 128/64/128). The stand-in is GQA with MLA's 128
-query heads of v_head_dim 128 and 8 kv heads: 249.6M parameters per layer against MLA's
-187.1M, so attention counts 15.23B instead of 11.41B (+3.8B, in total and active alike).
-The multi-token-prediction module (MTP: 11.5B unique parameters in the released checkpoint,
-685B in all) is not modelled either, nor YaRN RoPE scaling.
+Attention is MLA as published: q_lora_rank 1536, kv_lora_rank 512, qk_nope/rope/v head dims
+128/64/128, 128 heads, YaRN (factor 40, original 4096, mscale 1 / mscale_all_dim 1). The
+multi-token-prediction module (MTP: 11.5B unique parameters in the released checkpoint, 685B
+in all) is not modelled.
 
 Published (DeepSeek's README_WEIGHTS.md, copied in tenstorrent/tt-metal
 models/demos/deepseek_v3/reference/): 671B total without MTP; 36.6B active, "including 0.9B
 for the output head", i.e. without the input embedding (convention `no_input_embedding`;
-37B in the report). Here: 674.8B / 40.4B; with MLA's attention count in place of the GQA
-stand-in's, 671.0B / 36.6B (tests/test_describe.py checks this within 2%).
+37B in the report). tests/test_describe.py checks the worksheet against both.
 Rule, losses and dispatch are the scaled preset's.
 """
 
@@ -34,16 +31,16 @@ def get_config() -> ml_collections.ConfigDict:
     d_model=7168,
     n_layers=61,
     n_heads=128,
-    n_kv_heads=8,
-    head_dim=128,
+    n_kv_heads=128,
     d_ff=18432,
     first_dense=3,
     moe_every=1,
-    not_modelled=(
-      "MLA attention (GQA stand-in, 128 q / 8 kv heads x 128: +3.8B), the MTP module "
-      "(11.5B), YaRN RoPE scaling"
-    ),
+    not_modelled="the MTP module (11.5B)",
   )
+  c.model.mla.update(
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+    v_head_dim=128,
+  )  # fmt: skip
   c.model.moe.update(
     n_experts=256, top_k=8, d_expert=2048, d_shared=2048, n_groups=8, topk_groups=4
   )

@@ -17,6 +17,8 @@ from moejax.config import sections
 from moejax.config.run import LOSS_FROM_RUN, MOE_FROM_MODEL, RULE_COUNTS, RULE_OVERRIDES
 from moejax.data.config import DataConfig
 from moejax.nn.losses import LossConfig
+from moejax.nn.gated_deltanet import GatedDeltaNetConfig
+from moejax.nn.mla import MLAConfig
 from moejax.nn.model import ModelConfig
 from moejax.nn.moe import MoEConfig
 
@@ -31,8 +33,10 @@ class Section(NamedTuple):
 # Every section, in docs/config.md's order. The rule-field keys of `model.moe` are the merge
 # rule's (moejax.nn.routing.MergeRule), unset: they replace the named rule's when set.
 SECTIONS: dict[str, Section] = {
-  "model": Section(ModelConfig, ("moe",)),
+  "model": Section(ModelConfig, ("moe", "mla", "gated_deltanet")),
   "model.moe": Section(MoEConfig, MOE_FROM_MODEL),
+  "model.mla": Section(MLAConfig),
+  "model.gated_deltanet": Section(GatedDeltaNetConfig),
   "loss": Section(LossConfig, LOSS_FROM_RUN),
   "data": Section(DataConfig),
   "train": Section(sections.TrainConfig),
@@ -41,6 +45,10 @@ SECTIONS: dict[str, Section] = {
   "wandb": Section(sections.WandbConfig),
   "mesh": Section(sections.MeshConfig),
 }
+
+
+# `model.<name>` sections beside `model.moe`: the mixers' shapes, read whatever the mixers.
+MODEL_SUBSECTIONS = ("mla", "gated_deltanet")
 
 
 def section_defaults(name: str) -> dict:
@@ -60,7 +68,8 @@ def _moe_defaults() -> dict:
 def base_config() -> ml_collections.ConfigDict:
   """All keys with their defaults: a small byte-level MoE on the stdlib corpus."""
   c = ml_collections.ConfigDict()
-  c.model = {**section_defaults("model"), "moe": _moe_defaults()}
+  c.model = {**section_defaults("model"), "moe": _moe_defaults(),
+             **{k: section_defaults(f"model.{k}") for k in MODEL_SUBSECTIONS}}  # fmt: skip
   for name in SECTIONS:
     if "." not in name and name != "model":
       c[name] = section_defaults(name)

@@ -28,6 +28,8 @@ from moejax.errors import UserError
 from moejax.nn import routing
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import ModelConfig
+from moejax.nn.gated_deltanet import GatedDeltaNetConfig
+from moejax.nn.mla import MLAConfig
 from moejax.nn.moe import MoEConfig
 
 
@@ -74,7 +76,9 @@ def _moe(model: ml_collections.ConfigDict) -> MoEConfig:
 
 def _model(model: ml_collections.ConfigDict) -> ModelConfig:
   moe = _moe(model) if model.moe_every > 0 else None
-  return _section(ModelConfig, model, "model", MODEL_READ_ELSEWHERE, moe=moe)
+  subs = {"mla": MLAConfig, "gated_deltanet": GatedDeltaNetConfig}
+  built = {k: _section(cls, model[k], f"model.{k}") for k, cls in subs.items()}
+  return _section(ModelConfig, model, "model", MODEL_READ_ELSEWHERE, moe=moe, **built)
 
 
 def typed(c: ml_collections.ConfigDict) -> RunConfig:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.errors import UserError
-from moejax.nn.attention import ATTENTION_IMPLS
+from moejax.nn.attention import ATTENTION_IMPLS, masked_attention
 from moejax.nn.layers import init_normal, rope
 from moejax.nn.mixer import DecodeAt, write_slots
 from moejax.nn.norms import ZeroCentredRMSNorm
@@ -53,18 +53,6 @@ def partial_rope(x_BxLxHxK: jax.Array, positions_BxL: jax.Array, theta: float, r
   """RoPE (rotate-half, frequencies of a rd-wide head) on the first `rd` dims; the rest pass."""
   rotated = rope(x_BxLxHxK[..., :rd], positions_BxL, theta)
   return jnp.concatenate([rotated, x_BxLxHxK[..., rd:]], axis=-1)
-
-
-def masked_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, mask_BxLxS) -> jax.Array:
-  """Softmax GQA of L queries over S slots where `mask` allows (float32 scores); query head h
-  reads kv head h // (H/G)."""
-  B, L, H, K = q_BxLxHxK.shape
-  G = k_BxSxGxK.shape[2]
-  q = q_BxLxHxK.reshape(B, L, G, H // G, K)
-  s = jnp.einsum("blgrk,bsgk->bgrls", q, k_BxSxGxK, preferred_element_type=jnp.float32)
-  s = jnp.where(mask_BxLxS[:, None, None], s * K**-0.5, jnp.finfo(jnp.float32).min)
-  p = jax.nn.softmax(s, axis=-1).astype(v_BxSxGxK.dtype)
-  return jnp.einsum("bgrls,bsgk->blgrk", p, v_BxSxGxK).reshape(B, L, H, K)
 
 
 class GatedAttention(nnx.Module):

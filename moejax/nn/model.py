@@ -16,13 +16,19 @@ from flax import nnx
 from moejax.backend import platforms
 from moejax.errors import UserError
 from moejax.kernels import registry
-from moejax.nn import elastic, mixer, remat, stack
+from moejax.nn import elastic, mixer, mixers, remat, stack
 from moejax.nn.attention import ATTENTION_IMPLS
-from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, Attention, DenseFFN, RMSNorm, init_normal
+from moejax.nn.gated_deltanet import GatedDeltaNetConfig
+from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, DenseFFN, RMSNorm, init_normal
+from moejax.nn.mla import MLAConfig
+from moejax.nn.norms import ZeroCentredRMSNorm
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
 from moejax.config.schema import check_fields, key
+
+NORMS = ("rms", "zero_centred")  # `model.norm`
+NORM_CLASSES = {"rms": RMSNorm, "zero_centred": ZeroCentredRMSNorm}
 
 # A run's embedding has its vocabulary rounded up to a multiple of this many rows (MaxText's
 # and llm.c's convention: whole tiles for the head's matmul and the vocab axis's shards);
@@ -61,6 +67,19 @@ class ModelConfig:
   )
   init_std: float = key(0.02, "std of the normal initialization", gt=0)
   moe: MoEConfig | None = None
+  mixers: str = key(
+    "gqa",
+    "token mixer of each layer (moejax.nn.mixers): gqa, mla, gated_attention, gated_deltanet;"
+    " a comma-separated period repeats over the layers",
+  )
+  norm: str = key(
+    "rms", "block and final norms: rms (x̂·w) or zero_centred (x̂·(1 + w), Qwen3.5)", NORMS
+  )
+  partial_rotary_factor: float = key(
+    1.0, "gated_attention: the fraction of head_dim RoPE rotates (Qwen3.5: 0.25)", gt=0, le=1
+  )
+  mla: MLAConfig = dataclasses.field(default_factory=MLAConfig)
+  gated_deltanet: GatedDeltaNetConfig = dataclasses.field(default_factory=GatedDeltaNetConfig)
   moe_every: int = key(
     1, "every moe_every-th layer is MoE from first_dense on (0: dense model)", ge=0
   )
@@ -92,6 +111,7 @@ class ModelConfig:
 
   def __post_init__(self):
     check_fields(self, "model")
+    mixers.pattern(self.mixers)
     if self.head_dim == 0 and self.d_model % self.n_heads:
       raise UserError(
         f"model.n_heads={self.n_heads} must divide model.d_model="
@@ -174,24 +194,11 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
     self.is_moe = is_moe_layer(cfg, layer)
     out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
-    self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
-    self.attn = Attention(
-      cfg.d_model,
-      cfg.n_heads,
-      cfg.n_kv_heads,
-      cfg.resolved_head_dim,
-      qk_norm=cfg.qk_norm,
-      qk_norm_scope=cfg.qk_norm_scope,
-      qkv_bias=cfg.qkv_bias,
-      rope_theta=cfg.rope_theta,
-      dtype=cfg.dtype,
-      init_std=cfg.init_std,
-      out_std=out_std,
-      norm_eps=cfg.norm_eps,
-      impl=cfg.attention,
-      rngs=rngs,
-    )
-    self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    norm = NORM_CLASSES[cfg.norm]
+    self.mixer = mixers.layer_mixer(cfg.mixers, layer)
+    self.attn_norm = norm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    self.attn = mixers.MIXERS[self.mixer](cfg, out_std, rngs)
+    self.mlp_norm = norm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     if self.is_moe:
       moe_cfg = dataclasses.replace(cfg.moe, dtype=cfg.dtype)  # the model's dtype wins
       self.mlp = MoEBlock(moe_cfg, rngs=rngs)
@@ -257,7 +264,7 @@ class Transformer(nnx.Module):
       self.stacks = nnx.List([_stack(seg, blocks) for seg in layer_segments(cfg)])
     else:
       self.layers = nnx.List(blocks)
-    self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+    self.final_norm = NORM_CLASSES[cfg.norm](cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
     if cfg.tie_embeddings:
       self.lm_head = None
     else:
@@ -403,7 +410,8 @@ def moe_indices(cfg: ModelConfig) -> dict[int, int]:
 def layer_segments(cfg: ModelConfig) -> tuple[stack.Segment, ...]:
   """The scanned layout's segments of `cfg` (`moejax.nn.stack`)."""
   is_moe = tuple(is_moe_layer(cfg, i) for i in range(cfg.n_layers))
-  return stack.segments(cfg.n_layers, is_moe, cfg.first_dense, cfg.moe_every)
+  period = len(mixers.pattern(cfg.mixers))
+  return stack.segments(cfg.n_layers, is_moe, cfg.first_dense, cfg.moe_every, period)
 
 
 class Stack(nnx.Module):

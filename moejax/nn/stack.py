@@ -3,11 +3,12 @@
 The stack is cut into *segments* of identical periods, and each segment runs as one
 `lax.scan` whose body is the period:
 
-* the `first_dense` prefix: a period of one dense block, repeated `first_dense` times;
-* then the `moe_every` period (an MoE block followed by `moe_every - 1` dense blocks),
-  repeated as often as it fits whole;
-* then what is left of one period (`n_layers - first_dense` not a multiple of `moe_every`),
-  once.
+* the `first_dense` prefix: a period of one dense block (of the mixer pattern's length when
+  `model.mixers` is a pattern), repeated as often as it fits, then what is left once;
+* then the `moe_every` period (an MoE block followed by `moe_every - 1` dense blocks; with a
+  mixer pattern, the least common multiple of the two periods), repeated as often as it
+  fits whole;
+* then what is left of one period, once.
 
 Why the period and not one stack per position in it: the layers of a period alternate, so
 separate stacks would have to be interleaved inside one loop anyway; a scan over the period
@@ -21,6 +22,7 @@ In the scanned layout, position j of segment s holds its parameters at
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 
@@ -48,20 +50,28 @@ class Place(NamedTuple):
   position: int
 
 
-def segments(n_layers: int, is_moe: tuple[bool, ...], first_dense: int, moe_every: int):
-  """The segments of a stack whose layer i is MoE iff `is_moe[i]` (see the module doc)."""
+def segments(n_layers: int, is_moe: tuple[bool, ...], first_dense: int, moe_every: int,
+             mixer_period: int = 1):  # fmt: skip
+  """The segments of a stack whose layer i is MoE iff `is_moe[i]` and whose mixers repeat
+  every `mixer_period` layers (`model.mixers`; see the module doc): the prefix's period is
+  the mixers', the rest's the least common multiple of the MoE period and the mixers'."""
   out: list[Segment] = []
-  if first_dense:
-    out.append(Segment(0, first_dense, (False,)))
-  rest = n_layers - first_dense
-  period = moe_every if moe_every > 0 and any(is_moe) else 1
-  whole, tail = divmod(rest, period)
-  if whole:
-    out.append(Segment(first_dense, whole, tuple(is_moe[first_dense : first_dense + period])))
-  if tail:
-    start = first_dense + whole * period
-    out.append(Segment(start, 1, tuple(is_moe[start:])))
+  out += _runs(0, first_dense, mixer_period, is_moe)
+  moe_period = moe_every if moe_every > 0 and any(is_moe) else 1
+  out += _runs(first_dense, n_layers, math.lcm(moe_period, mixer_period), is_moe)
   return tuple(out)
+
+
+def _runs(start: int, end: int, period: int, is_moe: tuple[bool, ...]) -> list[Segment]:
+  """Layers start..end-1 as whole periods repeated, then what is left once."""
+  whole, tail = divmod(end - start, period)
+  out = []
+  if whole:
+    out.append(Segment(start, whole, tuple(is_moe[start : start + period])))
+  if tail:
+    first = start + whole * period
+    out.append(Segment(first, 1, tuple(is_moe[first:end])))
+  return out
 
 
 def places(segs: tuple[Segment, ...]) -> tuple[Place, ...]:

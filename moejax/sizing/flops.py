@@ -19,6 +19,8 @@ which nanoGPT's `estimate_mfu` and MaxText's `calculate_tflops_training_per_devi
   layers' mean k gives the exact sum.
 * 6 = 2 FLOPs per multiply-add × 3 (the forward pass, and the backward pass's two matmuls:
   activation and weight gradients).
+* the other token mixers (MLA, gated attention, Gated DeltaNet: `model.mixers`) count their
+  own projections and sequence mixing (`moejax/sizing/mixer_flops.py`).
 * 12·n_layers·H·d_head·L: the attention scores QKᵀ and the weighted values PV, 2·L·d_head
   FLOPs each per head and token forward, × 3 for training, with L = data.seq_len. PaLM's
   and nanoGPT's count: the full L×L, not halved for the causal mask (recent MaxText halves
@@ -37,6 +39,7 @@ from typing import NamedTuple
 import jax
 
 from moejax.nn.model import ModelConfig, is_moe_layer
+from moejax.sizing import mixer_flops
 
 TFLOPS_METRIC = "perf/tflops_per_device"
 MFU_METRIC = "perf/mfu"
@@ -76,8 +79,7 @@ class TokenFlops(NamedTuple):
 
 def matmul_params(cfg: ModelConfig) -> MatmulParams:
   """The N of the module docstring, split by part."""
-  d, hd = cfg.d_model, cfg.resolved_head_dim
-  per_attention = d * cfg.n_heads * hd * 2 + 2 * d * cfg.n_kv_heads * hd
+  d = cfg.d_model
   moe_layers = [i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
   n_moe, n_dense = len(moe_layers), cfg.n_layers - len(moe_layers)
   router = shared = routed = 0
@@ -89,7 +91,7 @@ def matmul_params(cfg: ModelConfig) -> MatmulParams:
       shared = n_moe * (3 * d * m.d_shared + gate)
     routed = n_moe * 3 * d * m.d_expert
   return MatmulParams(
-    attention=cfg.n_layers * per_attention,
+    attention=sum(mixer_flops.matmul_params(cfg, m) for m in mixer_flops.per_layer(cfg)),
     dense_ffn=n_dense * 3 * d * cfg.d_ff,
     router=router,
     shared=shared,
@@ -99,8 +101,9 @@ def matmul_params(cfg: ModelConfig) -> MatmulParams:
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-  """Training FLOPs of QKᵀ and PV per token: 12·n_layers·H·d_head·L (PaLM appendix B)."""
-  return 12 * cfg.n_layers * cfg.n_heads * cfg.resolved_head_dim * seq_len
+  """Training FLOPs of the layers' sequence mixing per token: for GQA QKᵀ and PV,
+  12·n_layers·H·d_head·L (PaLM appendix B); other mixers: `mixer_flops`."""
+  return sum(mixer_flops.mixing_flops(cfg, m, seq_len) for m in mixer_flops.per_layer(cfg))
 
 
 def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> TokenFlops:

@@ -15,7 +15,7 @@ from moejax import build, sharding
 from moejax.config.run import RunConfig
 from moejax.config.sections import MeshConfig
 from moejax.kernels import dispatch, plans
-from moejax.nn import routing
+from moejax.nn import mixers, routing
 from moejax.nn.losses import LossConfig
 from moejax.nn.model import ModelConfig, moe_layers
 
@@ -160,9 +160,30 @@ def _ranges(layers: list[int]) -> str:
 
 
 def describe_attention(mc: ModelConfig) -> str:
+  names = mixers.pattern(mc.mixers)
+  return "; then ".join(_describe_mixer(mc, n) for n in dict.fromkeys(names)) + (
+    f" (pattern {mc.mixers}, repeated)" if len(names) > 1 else ""
+  )
+
+
+def _describe_mixer(mc: ModelConfig, name: str) -> str:
   H, G, hd = mc.n_heads, mc.n_kv_heads, mc.resolved_head_dim
+  if name == "mla":
+    m = mc.mla
+    q = f"q LoRA rank {m.q_lora_rank}" if m.q_lora_rank else "plain q"
+    rope = "YaRN" if m.rope_type == "yarn" else "RoPE"
+    return (f"MLA: {H} heads, latent {m.kv_lora_rank}, q/k {m.qk_nope_head_dim}+"
+            f"{m.qk_rope_head_dim} rope, v {m.v_head_dim}; {q}; {rope} theta {mc.rope_theta:g}")  # fmt: skip
+  if name == "gated_deltanet":
+    g = mc.gated_deltanet
+    return (f"Gated DeltaNet: {g.linear_num_key_heads} key / {g.linear_num_value_heads} value "
+            f"heads x {g.linear_key_head_dim}/{g.linear_value_head_dim}, conv "
+            f"{g.linear_conv_kernel_dim}")  # fmt: skip
   kind = "MHA" if G == H else ("MQA" if G == 1 else "GQA")
   qk = "on (per head)" if mc.qk_norm else "off"
+  if name == "gated_attention":
+    return (f"gated {kind}: {H} query / {G} kv heads x {hd}; partial RoPE "
+            f"{mc.partial_rotary_factor:g}, theta {mc.rope_theta:g}; zero-centred QK-norm")  # fmt: skip
   return f"{kind}: {H} query / {G} kv heads x {hd}; RoPE theta {mc.rope_theta:g}; QK-norm {qk}"
 
 
