@@ -12,7 +12,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from moejax import cli
+from moejax import cli, usage
 from moejax.config.reader import resolve
 from moejax.downstream import nextline
 from moejax.kgrid.loading import load_config
@@ -28,6 +28,8 @@ _SEED = flags.DEFINE_integer("seed", nextline.Spec().seed, "Seed of the draws.")
 
 
 def main() -> int:
+  if usage.asked(sys.argv):
+    usage.show()
   argv = [a for a in sys.argv if a not in BUILDERS]
   if len(argv) == len(sys.argv):
     cli.fail(f"name the task to build: python -m moejax.tasks {'|'.join(BUILDERS)} ...")
