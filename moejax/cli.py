@@ -18,7 +18,7 @@ from typing import Callable
 import ml_collections
 from absl import flags
 
-from moejax import usage
+from moejax import remote, usage
 from moejax.config import renames
 from moejax.errors import UserError
 
@@ -154,8 +154,10 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
 def check_dir(flag: str, path: str) -> None:
   """A UserError naming `flag` unless `path` is a directory, or can be made one, that this
   process may write into: not a file, not inside one, not under a read-only folder. Nothing
-  is created. A gs:// (any URL) path is not checked: object stores have no files in the way."""
+  is created. A URL is not checked that way (object stores have no files in the way); a
+  gs:// one's bucket must answer (`moejax.remote.check`)."""
   if "://" in path:
+    remote.check(path, f"{flag} {path}")  # a gs:// bucket answers, fast (moejax.remote)
     return
   parent = path
   while parent and not os.path.exists(parent):

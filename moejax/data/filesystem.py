@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import IO
 
-from moejax import runio
+from moejax import remote, runio
 from moejax.errors import UserError
 
 HF_STATE = "state.json"  # what `datasets.Dataset.save_to_disk` writes beside its .arrow files
@@ -33,6 +33,7 @@ def expand_paths(paths: str | Sequence[str]) -> list[str]:
   out: list[str] = []
   for item in items:
     item = item if runio.is_remote(item) else os.path.expanduser(item)
+    remote.check(item, f"data.paths {item}")
     if glob.has_magic(item):
       matches = _glob(item)
       if not matches:
@@ -48,11 +49,18 @@ def expand_paths(paths: str | Sequence[str]) -> list[str]:
 
 
 def is_file(p: str) -> bool:
-  return os.path.isfile(p) if not runio.is_remote(p) else runio.path(p).is_file()
+  """A file (locally: a regular file); a gs:// path's bucket is reached first (`remote`)."""
+  if not runio.is_remote(p):
+    return os.path.isfile(p)
+  remote.check(p)
+  return runio.path(p).is_file()
 
 
 def is_dir(p: str) -> bool:
-  return os.path.isdir(p) if not runio.is_remote(p) else runio.path(p).is_dir()
+  if not runio.is_remote(p):
+    return os.path.isdir(p)
+  remote.check(p)
+  return runio.path(p).is_dir()
 
 
 def _glob(item: str) -> list[str]:
@@ -60,6 +68,7 @@ def _glob(item: str) -> list[str]:
   magic part)."""
   if not runio.is_remote(item):
     return sorted(m for m in glob.glob(item, recursive=True) if os.path.isfile(m))
+  remote.check(item)
   parts = item.split("/")
   i = next(i for i, part in enumerate(parts) if glob.has_magic(part))
   root, pattern = "/".join(parts[:i]), "/".join(parts[i:])
@@ -87,6 +96,7 @@ def hf_dataset_files(folder: str) -> list[str]:
 
 def open_binary(path: str) -> IO[bytes]:
   """`path` opened for streamed binary reads, or a UserError naming it."""
+  remote.check(path)
   try:
     return runio.path(path).open("rb")
   except OSError as e:

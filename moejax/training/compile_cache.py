@@ -18,6 +18,7 @@ import os
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from moejax import remote
 from moejax.errors import UserError
 
 AUTO = "auto"
@@ -39,6 +40,8 @@ def enable(setting: str) -> str | None:
   """Points JAX at the cache `setting` names (or turns it off) and returns its directory.
   A change of directory resets JAX's handle, so it also applies after earlier compiles."""
   cache = resolve(setting)
+  if cache is not None and "://" in cache:
+    remote.check(cache, f"train.compile_cache={setting!r}")
   if cache is not None and "://" not in cache:
     try:
       os.makedirs(cache, exist_ok=True)

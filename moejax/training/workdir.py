@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 
-from moejax import distributed, runio
+from moejax import distributed, remote, runio
 from moejax.config.reader import from_values, resolve
 from moejax.config.run import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
@@ -28,6 +28,7 @@ FROZEN_SECTIONS = ("model", "data")
 def prepare(workdir: str) -> None:
   """Creates `workdir` or a UserError naming it: a file, inside a file, or unwritable."""
   if runio.is_remote(workdir):  # gs://: object stores have no files-in-the-way or modes
+    remote.check(workdir, f"--workdir {workdir}")
     runio.path(workdir).mkdir(parents=True, exist_ok=True)
     return
   parent = workdir
