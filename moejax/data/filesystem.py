@@ -80,18 +80,39 @@ def hf_dataset_files(folder: str) -> list[str]:
   each split's, in `dataset_dict.json` order), or a UserError for any other folder."""
   root = runio.path(folder)
   if (root / HF_DICT).is_file():
-    splits = json.loads((root / HF_DICT).read_text()).get("splits", [])
+    splits = _json_field(root / HF_DICT, "splits", str)
     return [f for s in splits for f in hf_dataset_files(str(root / s))]
   if not (root / HF_STATE).is_file():
     raise UserError(
       f"{folder}: is a directory without {HF_STATE} (not a saved HF dataset); data.paths "
       f"takes files, globs ('{folder}/*.jsonl') or `save_to_disk` folders"
     )
-  state = json.loads((root / HF_STATE).read_text())
-  files = [str(root / f["filename"]) for f in state.get("_data_files", [])]
+  entries = _json_field(root / HF_STATE, "_data_files", dict)
+  files = [str(root / f["filename"]) for f in entries if isinstance(f.get("filename"), str)]
   if not files:
     raise UserError(f"{root / HF_STATE}: lists no _data_files (a saved HF dataset lists them)")
   return files
+
+
+def _json_field(p, field: str, kind: type) -> list:
+  """The list `field` of the JSON object in file `p` (its items of type `kind`), or a
+  UserError naming the file and where it stops parsing: a cut or edited save_to_disk file."""
+  try:
+    obj = json.loads(p.read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(
+      f"{p}: not JSON ({e.msg} at line {e.lineno} column {e.colno}, byte {e.pos}); the "
+      "save_to_disk folder is damaged: save it again (datasets' save_to_disk)"
+    ) from None
+  except UnicodeDecodeError as e:
+    raise UserError(f"{p}: not UTF-8 text (byte {e.start}); save the dataset again") from None
+  items = obj.get(field) if isinstance(obj, dict) else None
+  if not isinstance(items, list) or not all(isinstance(x, kind) for x in items):
+    raise UserError(
+      f"{p}: has no list {field!r} of {kind.__name__}s (a save_to_disk folder's {p.name} has "
+      "one); save the dataset again"
+    )
+  return items
 
 
 def open_binary(path: str) -> IO[bytes]:
