@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import stat
 import sys
 import traceback
 import types
@@ -135,7 +136,10 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   that raises, an argument it does not take, a result that is not a ConfigDict."""
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
-    raise UserError(f"cannot load --config {spec}: no such file {path}")
+    raise UserError(
+      f"cannot load --config {spec}: {path}: {not_a_file(path)}; give a get_config() file, "
+      "e.g. configs/quickstart.py"
+    )
   module = exec_file(path, "--config", "_moejax_config")
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
@@ -149,6 +153,27 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
       "ml_collections.ConfigDict (e.g. moejax.config.base_config() with changes)"
     )
   return c
+
+
+_KINDS = (
+  (stat.S_ISDIR, "a directory, not a file"),
+  (stat.S_ISFIFO, "a named pipe (FIFO), not a regular file"),
+  (stat.S_ISSOCK, "a socket, not a regular file"),
+  (stat.S_ISCHR, "a device, not a regular file"),
+  (stat.S_ISBLK, "a device, not a regular file"),
+)
+
+
+def not_a_file(path: str) -> str:
+  """What local `path`, not a regular file, is instead: `no such file`, `a directory, not a
+  file`, `a named pipe (FIFO), not a regular file`, ..., or the OS's reason."""
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    return "no such file"
+  except OSError as e:
+    return f"not reachable ({e.strerror})"
+  return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
 def check_dir(flag: str, path: str) -> None:

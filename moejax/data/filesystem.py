@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import IO
 
-from moejax import remote, runio
+from moejax import cli, remote, runio
 from moejax.errors import UserError
 
 HF_STATE = "state.json"  # what `datasets.Dataset.save_to_disk` writes beside its .arrow files
@@ -42,7 +42,8 @@ def expand_paths(paths: str | Sequence[str]) -> list[str]:
     elif is_dir(item):
       out.extend(hf_dataset_files(item))
     elif not is_file(item):
-      raise UserError(f"{item}: no such file (from data.paths)")
+      what = "no such file" if runio.is_remote(item) else cli.not_a_file(item)
+      raise UserError(f"{item}: {what} (from data.paths)")
     else:
       out.append(item)
   return out
