@@ -39,11 +39,11 @@ from moejax.config.reader import resolve
 from moejax.data import corpora, filesystem, outdir
 from moejax.data import prepare as prepare_lib
 from moejax.data.pipeline import make_data
-from moejax.errors import UserError
 from moejax.training import compile_cache, trainer
 
 QUIET = {"log": lambda *a, **k: None}
-DATA = dict(corpus="files", tokenizer="bpe", bpe_vocab_size=300, seq_len=16, holdout_fraction=0.2)
+DATA = {"corpus": "files", "tokenizer": "bpe", "bpe_vocab_size": 300, "seq_len": 16,
+        "holdout_fraction": 0.2}  # fmt: skip
 BUCKET = "moejax-issue59"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, a connect is refused
 # The saved run every training case resumes: TINY, 2 steps, a schedule whose trained steps
@@ -67,6 +67,11 @@ def get_config():
 def env(**extra) -> dict:
   return {**os.environ, "WANDB_MODE": "disabled", "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO,
           **extra}  # fmt: skip
+
+
+def read(path: str, mode: str = "r"):
+  with open(path, mode) as f:
+    return f.read()
 
 
 def data_cfg(paths: str, **kw):
@@ -213,9 +218,7 @@ def cli_runs(world, saved_run):
 
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     done = dict(zip(todo, pool.map(run, todo.values())))
-  return {
-    n: (*done[n], before[n], tree_hash(todo[n][2]) if todo[n][2] else "") for n in todo
-  }
+  return {n: (*done[n], before[n], tree_hash(todo[n][2]) if todo[n][2] else "") for n in todo}
 
 
 # ---------------------------------------------------------------- --help
@@ -233,7 +236,7 @@ def main_modules() -> set[str]:
       module = os.path.relpath(path, REPO)[: -len(".py")].replace(os.sep, ".")
       if name == "__main__.py":
         found.add(module.rsplit(".", 1)[0])
-      elif 'if __name__ == "__main__":' in open(path).read():
+      elif 'if __name__ == "__main__":' in read(path):
         found.add(module)
   return found
 
@@ -372,8 +375,14 @@ GS = {  # what is on gs:// -> the call that reaches it
 @pytest.mark.parametrize("where", sorted(GS))
 def test_gs_with_no_network_fails_fast_in_one_line(world, tmp_path, unreachable, where):
   t0 = time.time()
-  one_line(lambda: GS[where](world, tmp_path), f"gs://{BUCKET}", f"bucket {BUCKET}",
-           "ConnectionRefusedError", "STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
+  one_line(
+    lambda: GS[where](world, tmp_path),
+    f"gs://{BUCKET}",
+    f"bucket {BUCKET}",
+    "ConnectionRefusedError",
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+  )
   assert time.time() - t0 < remote.CONNECT_SECONDS + 5  # gcsfs alone retried for 35-83 s
 
 
@@ -459,7 +468,7 @@ def test_the_resume_refusals_leave_the_saved_files(saved_run, world):
   and a resume guard (a learning rate of steps already trained changed: after the restore);
   config.json and metrics.jsonl unchanged byte for byte, nothing added to the workdir."""
   workdir = saved_run
-  files = {n: open(os.path.join(workdir, n), "rb").read() for n in ("config.json", "metrics.jsonl")}
+  files = {n: read(os.path.join(workdir, n), "rb") for n in ("config.json", "metrics.jsonl")}
   before = tree_hash(workdir)
   c = cli.load_file(world["run"])
   c.train.steps, c.train.tensorboard = 4, True
@@ -468,7 +477,7 @@ def test_the_resume_refusals_leave_the_saved_files(saved_run, world):
   one_line(lambda: trainer.train(resolve(c), workdir, **QUIET), "optim.schedule", "step 2")
   assert tree_hash(workdir) == before
   for name, data in files.items():
-    assert open(os.path.join(workdir, name), "rb").read() == data, name
+    assert read(os.path.join(workdir, name), "rb") == data, name
 
 
 def test_the_corrected_resume_trains_on(saved_run, world, tmp_path):
@@ -480,9 +489,9 @@ def test_the_corrected_resume_trains_on(saved_run, world, tmp_path):
   c.train.steps, c.train.tensorboard = 4, False
   summary = trainer.train(resolve(c), workdir, **QUIET)
   assert summary["step"] == 4
-  saved = json.load(open(os.path.join(workdir, "config.json")))
+  saved = json.loads(read(os.path.join(workdir, "config.json")))
   assert saved["train"]["steps"] == 4
-  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  rows = [json.loads(line) for line in read(os.path.join(workdir, "metrics.jsonl")).splitlines()]
   assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
 
 
