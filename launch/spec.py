@@ -70,7 +70,10 @@ def validate(sweep: Sweep, source: str = "sweep") -> Sweep:
 def load(path: str) -> Sweep:
   """Imports a sweep file and returns its validated `get_sweep()`."""
   if not os.path.isfile(path):
-    raise UserError(f"sweep file {path} does not exist; pass experiments/<name>/sweep.py")
+    raise UserError(
+      f"sweep file {path}: {cli.not_a_file(path)}; pass a file defining get_sweep(), e.g. "
+      "experiments/<name>/sweep.py"
+    )
   module = cli.exec_file(path, "sweep file", "_moejax_sweep")
   if not callable(getattr(module, "get_sweep", None)):
     raise UserError(f"{path} defines no get_sweep(); it must return a launch.spec.Sweep")

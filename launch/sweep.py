@@ -12,7 +12,7 @@ import shlex
 import sys
 
 from launch import commands, cores, local, precheck, sky, spec
-from moejax import cli
+from moejax import cli, usage
 from moejax.errors import UserError
 
 PROG = "python -m launch.sweep"
@@ -30,7 +30,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-  p = Parser(prog=PROG, description=__doc__.split("\n")[2])
+  p = Parser(
+    prog=PROG,
+    description=__doc__.split("\n")[2],
+    epilog=usage.KEYS,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("sweep_file", help="experiments/<name>/sweep.py defining get_sweep()")
   p.add_argument("--backend", choices=("local", "sky"), required=True)
   p.add_argument("--parallel", type=int, default=1, help="local: runs at a time")

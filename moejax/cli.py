@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import stat
 import sys
 import traceback
 import types
@@ -18,6 +19,8 @@ from typing import Callable
 import ml_collections
 from absl import flags
 
+from moejax import remote, usage
+from moejax.config import renames
 from moejax.errors import UserError
 
 
@@ -34,15 +37,20 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def _unknown_key(argv: list[str], cfg) -> str | None:
-  """The first `--config.a.b=v` override whose key the loaded config does not have."""
+  """The message for the first `--config.a.b=v` override whose key the loaded config does
+  not have (`renames.unknown_key`: its new name, or the nearest key), or None."""
   for arg in argv:
     m = re.match(r"--config\.([\w.]+)(=|$)", arg)
     if not m:
       continue
-    node = cfg
-    for part in m.group(1).split("."):
-      if not hasattr(node, "keys") or part not in node:
-        return m.group(1)
+    node, parts = cfg, m.group(1).split(".")
+    for i, part in enumerate(parts):
+      if not hasattr(node, "keys"):
+        leaf = ".".join(parts[:i])
+        return f"--config.{m.group(1)}: {leaf} is a key, not a section; set --config.{leaf}=..."
+      if part not in node:
+        missing = ".".join(parts[: i + 1])
+        return renames.unknown_key(missing, node.keys(), flag=True, given=m.group(1))
       node = node[part]
   return None
 
@@ -51,7 +59,10 @@ def parse_flags(argv: list[str], config_flag=None, example: str = "configs/quick
   """Parses absl flags, and loads `config_flag` (ml_collections loads lazily), turning
   every parse or load problem into a one-line exit 2. With `config_flag`, `--config` is
   required (`example`: a file to suggest), and its file is first loaded by `load_file`,
-  which names the file for a syntax error, a bad `:arg` or a get_config that raises."""
+  which names the file for a syntax error, a bad `:arg` or a get_config that raises.
+  `--help` or `-h` anywhere prints the command's help and exits 0 (`moejax.usage`)."""
+  if usage.asked(argv):
+    usage.show()
   spec = config_path(argv) if config_flag is not None else None
   override = next((a for a in argv if a.startswith("--config.")), None)
   if config_flag is not None and spec is None and override:  # absl: "Unknown ... flag"
@@ -68,12 +79,8 @@ def parse_flags(argv: list[str], config_flag=None, example: str = "configs/quick
   except OSError as e:  # ml_collections re-raises a failed config load as OSError
     fail(f"cannot load --config {spec}: {e}")
   except (AttributeError, KeyError) as e:
-    key = _unknown_key(argv, base) if base is not None else None
-    fail(
-      f"unknown config key --config.{key}; see the keys in moejax/config.py"
-      if key
-      else f"bad --config override ({e})"
-    )
+    unknown = _unknown_key(argv, base) if base is not None else None
+    fail(unknown or f"bad --config override ({e})")
 
 
 def _load(spec: str) -> ml_collections.ConfigDict:
@@ -129,7 +136,10 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   that raises, an argument it does not take, a result that is not a ConfigDict."""
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
-    raise UserError(f"cannot load --config {spec}: no such file {path}")
+    raise UserError(
+      f"cannot load --config {spec}: {path}: {not_a_file(path)}; give a get_config() file, "
+      "e.g. configs/quickstart.py"
+    )
   module = exec_file(path, "--config", "_moejax_config")
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
@@ -145,11 +155,34 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   return c
 
 
+_KINDS = (
+  (stat.S_ISDIR, "a directory, not a file"),
+  (stat.S_ISFIFO, "a named pipe (FIFO), not a regular file"),
+  (stat.S_ISSOCK, "a socket, not a regular file"),
+  (stat.S_ISCHR, "a device, not a regular file"),
+  (stat.S_ISBLK, "a device, not a regular file"),
+)
+
+
+def not_a_file(path: str) -> str:
+  """What local `path`, not a regular file, is instead: `no such file`, `a directory, not a
+  file`, `a named pipe (FIFO), not a regular file`, ..., or the OS's reason."""
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    return "no such file"
+  except OSError as e:
+    return f"not reachable ({e.strerror})"
+  return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
 def check_dir(flag: str, path: str) -> None:
   """A UserError naming `flag` unless `path` is a directory, or can be made one, that this
   process may write into: not a file, not inside one, not under a read-only folder. Nothing
-  is created. A gs:// (any URL) path is not checked: object stores have no files in the way."""
+  is created. A URL is not checked that way (object stores have no files in the way); a
+  gs:// one's bucket must answer (`moejax.remote.check`)."""
   if "://" in path:
+    remote.check(path, f"{flag} {path}")  # a gs:// bucket answers, fast (moejax.remote)
     return
   parent = path
   while parent and not os.path.exists(parent):

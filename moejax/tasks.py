@@ -12,7 +12,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from moejax import cli
+from moejax import cli, usage
 from moejax.config.reader import resolve
 from moejax.downstream import nextline
 from moejax.kgrid.loading import load_config
@@ -27,14 +27,43 @@ _CONTEXT = flags.DEFINE_integer("context_chars", nextline.Spec().context_chars, 
 _SEED = flags.DEFINE_integer("seed", nextline.Spec().seed, "Seed of the draws.")
 
 
-def main() -> int:
-  argv = [a for a in sys.argv if a not in BUILDERS]
-  if len(argv) == len(sys.argv):
+def positional(argv: list[str]) -> list[str]:
+  """The arguments that are not flags nor a flag's value (every flag here takes one: a
+  `--flag value` pair, or `--flag=value`)."""
+  out, i = [], 1
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith("-"):
+      i += 1 if "=" in arg else 2
+      continue
+    out.append(arg)
+    i += 1
+  return out
+
+
+def builder(argv: list[str]) -> str:
+  """The one task builder named on the command line, or a one-line exit 2 naming what was
+  given and the builders there are."""
+  named, known = positional(argv), ", ".join(BUILDERS)
+  if not named:
     cli.fail(f"name the task to build: python -m moejax.tasks {'|'.join(BUILDERS)} ...")
+  if named[0] not in BUILDERS:
+    cli.fail(f"{named[0]!r} is not a task builder; python -m moejax.tasks builds: {known}")
+  if len(named) > 1:
+    cli.fail(f"one task builder at a time: {named[0]!r}, then also {named[1]!r}")
+  return named[0]
+
+
+def main() -> int:
+  if usage.asked(sys.argv):
+    usage.show()
+  name = builder(sys.argv)
+  argv = [a for a in sys.argv if a != name]
   with_config = any(a.startswith("--config") for a in argv)
   cli.parse_flags(argv, _CONFIG if with_config else None)
   if not _OUT.value:
     cli.fail("--out is required: the folder for nextline.yaml and nextline.jsonl")
+  cli.check_dir("--out", _OUT.value)  # a file, inside a file or unwritable: before the read
   if with_config == bool(_WORKDIR.value):
     cli.fail("give one of --config C (a configs/*.py file) or --workdir RUN")
   rc = resolve(_CONFIG.value) if with_config else load_config(_WORKDIR.value)

@@ -58,6 +58,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
   ("moejax/kgrid/report.py", "from matplotlib.figure import Figure"): "matplotlib",
   ("moejax/kgrid/report.py", "from matplotlib.patches import Rectangle"): "matplotlib",
   ("moejax/distributed.py", "from jax._src import clusters"): "private JAX API, best effort",
+  ("moejax/remote.py", "import fsspec"): "gcsfs's filesystem, only for a gs:// path",
   # a kernel's module and its library (the native .so, tokamax, Pallas) are imported when a
   # program using it is traced, not with the model (test_kernel_libraries_load_when_traced)
   **{
@@ -106,11 +107,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "moejax.errors",
     "moejax.config.__init__",
     "moejax.config.schema",
+    "moejax.config.renames",
     "moejax.backend",
     "moejax.runio",
+    "moejax.remote",
     "moejax.stats",
     "moejax.distributed",
     "moejax.sharding",
+    "moejax.usage",
     "moejax.cli",
   ),
   ("moejax.kernels",),  # dispatch plans and the kernels

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from moejax.config import grid_labels
+from moejax.config import grid_labels, renames
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.kernels import dispatch
@@ -21,7 +21,7 @@ def check_keys(c: ml_collections.ConfigDict, base: ml_collections.ConfigDict, pr
   for key in c.keys():
     path = f"{prefix}{key}"
     if key not in base:
-      raise UserError(f"unknown config key {path}; see docs/config.md for the keys")
+      raise UserError(renames.unknown_key(path, base.keys()))
     value, default = c[key], base[key]
     if isinstance(default, ml_collections.ConfigDict):
       if not isinstance(value, ml_collections.ConfigDict):

@@ -63,7 +63,14 @@ class TrainConfig:
 
   def __post_init__(self):
     check_fields(self, "train")
-    step_range(self.profile_steps)
+    window = step_range(self.profile_steps)
+    if window and window[1] - 1 > self.steps:  # steps that never run: no trace, or a short one
+      a, b = window
+      raise UserError(
+        f"train.profile_steps={self.profile_steps!r} profiles steps {a}..{b - 1}, past "
+        f"train.steps={self.steps}; use 'A:B' with 1 <= A < B <= {self.steps + 1} "
+        "(steps A..B-1), or '' (off)"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

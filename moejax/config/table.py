@@ -81,4 +81,10 @@ def terminal(section: str = "") -> str:
 
 
 if __name__ == "__main__":
+  from moejax import cli, usage  # pylint: disable=import-outside-toplevel
+
+  if usage.asked(sys.argv):
+    usage.show()
+  if len(sys.argv) > 1:
+    cli.fail(f"{sys.argv[1]}: python -m moejax.config.table takes no arguments; see --help")
   sys.stdout.write(markdown())

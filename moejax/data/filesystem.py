@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import IO
 
-from moejax import runio
+from moejax import cli, remote, runio
 from moejax.errors import UserError
 
 HF_STATE = "state.json"  # what `datasets.Dataset.save_to_disk` writes beside its .arrow files
@@ -33,6 +33,7 @@ def expand_paths(paths: str | Sequence[str]) -> list[str]:
   out: list[str] = []
   for item in items:
     item = item if runio.is_remote(item) else os.path.expanduser(item)
+    remote.check(item, f"data.paths {item}")
     if glob.has_magic(item):
       matches = _glob(item)
       if not matches:
@@ -41,18 +42,26 @@ def expand_paths(paths: str | Sequence[str]) -> list[str]:
     elif is_dir(item):
       out.extend(hf_dataset_files(item))
     elif not is_file(item):
-      raise UserError(f"{item}: no such file (from data.paths)")
+      what = "no such file" if runio.is_remote(item) else cli.not_a_file(item)
+      raise UserError(f"{item}: {what} (from data.paths)")
     else:
       out.append(item)
   return out
 
 
 def is_file(p: str) -> bool:
-  return os.path.isfile(p) if not runio.is_remote(p) else runio.path(p).is_file()
+  """A file (locally: a regular file); a gs:// path's bucket is reached first (`remote`)."""
+  if not runio.is_remote(p):
+    return os.path.isfile(p)
+  remote.check(p)
+  return runio.path(p).is_file()
 
 
 def is_dir(p: str) -> bool:
-  return os.path.isdir(p) if not runio.is_remote(p) else runio.path(p).is_dir()
+  if not runio.is_remote(p):
+    return os.path.isdir(p)
+  remote.check(p)
+  return runio.path(p).is_dir()
 
 
 def _glob(item: str) -> list[str]:
@@ -60,6 +69,7 @@ def _glob(item: str) -> list[str]:
   magic part)."""
   if not runio.is_remote(item):
     return sorted(m for m in glob.glob(item, recursive=True) if os.path.isfile(m))
+  remote.check(item)
   parts = item.split("/")
   i = next(i for i, part in enumerate(parts) if glob.has_magic(part))
   root, pattern = "/".join(parts[:i]), "/".join(parts[i:])
@@ -71,22 +81,44 @@ def hf_dataset_files(folder: str) -> list[str]:
   each split's, in `dataset_dict.json` order), or a UserError for any other folder."""
   root = runio.path(folder)
   if (root / HF_DICT).is_file():
-    splits = json.loads((root / HF_DICT).read_text()).get("splits", [])
+    splits = _json_field(root / HF_DICT, "splits", str)
     return [f for s in splits for f in hf_dataset_files(str(root / s))]
   if not (root / HF_STATE).is_file():
     raise UserError(
       f"{folder}: is a directory without {HF_STATE} (not a saved HF dataset); data.paths "
       f"takes files, globs ('{folder}/*.jsonl') or `save_to_disk` folders"
     )
-  state = json.loads((root / HF_STATE).read_text())
-  files = [str(root / f["filename"]) for f in state.get("_data_files", [])]
+  entries = _json_field(root / HF_STATE, "_data_files", dict)
+  files = [str(root / f["filename"]) for f in entries if isinstance(f.get("filename"), str)]
   if not files:
     raise UserError(f"{root / HF_STATE}: lists no _data_files (a saved HF dataset lists them)")
   return files
 
 
+def _json_field(p, field: str, kind: type) -> list:
+  """The list `field` of the JSON object in file `p` (its items of type `kind`), or a
+  UserError naming the file and where it stops parsing: a cut or edited save_to_disk file."""
+  try:
+    obj = json.loads(p.read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(
+      f"{p}: not JSON ({e.msg} at line {e.lineno} column {e.colno}, byte {e.pos}); the "
+      "save_to_disk folder is damaged: save it again (datasets' save_to_disk)"
+    ) from None
+  except UnicodeDecodeError as e:
+    raise UserError(f"{p}: not UTF-8 text (byte {e.start}); save the dataset again") from None
+  items = obj.get(field) if isinstance(obj, dict) else None
+  if not isinstance(items, list) or not all(isinstance(x, kind) for x in items):
+    raise UserError(
+      f"{p}: has no list {field!r} of {kind.__name__}s (a save_to_disk folder's {p.name} has "
+      "one); save the dataset again"
+    )
+  return items
+
+
 def open_binary(path: str) -> IO[bytes]:
   """`path` opened for streamed binary reads, or a UserError naming it."""
+  remote.check(path)
   try:
     return runio.path(path).open("rb")
   except OSError as e:

@@ -109,9 +109,39 @@ def _docs(path: str, key: str, columns: Iterator) -> Iterator[str]:
     row += len(col)
 
 
+def _why(e: BaseException) -> str:
+  return (str(e).splitlines() or [""])[0][:120] or type(e).__name__
+
+
 def _arrow_error(path: str, what: str, e: BaseException) -> UserError:
-  why = (str(e).splitlines() or [type(e).__name__])[0][:120]
-  return UserError(f"{path}: not a readable {what} file ({why})")
+  return UserError(f"{path}: not a readable {what} file ({_why(e)})")
+
+
+def _damaged(path: str, where: str, rows: int, f, e: BaseException) -> UserError:
+  """A UserError for a file that opened but fails part-way: `where` (a row group, a record
+  batch), the rows read before it and the byte the reader had reached."""
+  at = ""
+  with contextlib.suppress(Exception):
+    at = f", near byte {f.tell():,}"
+  return UserError(
+    f"{path}: {where} is damaged (after {rows:,} rows{at}: {_why(e)}); the file is corrupt or "
+    "truncated: re-create it, or leave it out of data.paths"
+  )
+
+
+def _read_guarded(path: str, f, parts: Iterator, name: Callable[[int], str]) -> Iterator:
+  """`parts` (a file's row groups or record batches, read lazily) with a read failure of
+  part i turned into `_damaged(... name(i) ...)`."""
+  i, rows = 0, 0
+  while True:
+    try:
+      part = next(parts)
+    except StopIteration:
+      return
+    except (pa.ArrowException, OSError) as e:
+      raise _damaged(path, name(i), rows, f, e) from None
+    yield part
+    i, rows = i + 1, rows + part.num_rows
 
 
 def read_parquet(path: str, key: str = "text") -> Iterator[str]:
@@ -124,7 +154,9 @@ def read_parquet(path: str, key: str = "text") -> Iterator[str]:
     except (pa.ArrowException, OSError) as e:
       raise _arrow_error(path, "Parquet", e) from None
     _text_column(path, pf.schema_arrow, key)
-    groups = (pf.read_row_group(i, columns=[key]) for i in range(pf.num_row_groups))
+    n = pf.num_row_groups
+    groups = (pf.read_row_group(i, columns=[key]) for i in range(n))
+    groups = _read_guarded(path, f, groups, lambda i: f"row group {i} of {n}")
     yield from _docs(path, key, (chunk for g in groups for chunk in g.column(0).chunks))
 
 
@@ -144,6 +176,7 @@ def read_arrow(path: str, key: str = "text") -> Iterator[str]:
       batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
     else:
       batches = iter(reader)
+    batches = _read_guarded(path, f, batches, lambda i: f"record batch {i}")
     yield from _docs(path, key, (b.column(index) for b in batches))
 
 

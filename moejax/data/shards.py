@@ -17,7 +17,7 @@ from array_record.python.array_record_data_source import ArrayRecordDataSource
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 from etils import epath
 
-from moejax import runio
+from moejax import remote, runio
 from moejax.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -126,6 +126,7 @@ def shard_problem(
 
 def read_manifest(directory: str) -> dict:
   """The manifest of a finished prepare, or a UserError naming the directory."""
+  remote.check(directory, f"data.prepared={directory}")
   p = runio.path(directory, MANIFEST)
   if not p.exists():
     raise UserError(

@@ -13,7 +13,7 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from moejax import runio
+from moejax import cli, remote, runio
 from moejax.data import filesystem
 from moejax.data.sp_tokenizer import SentencePieceTokenizer
 from moejax.data.tiktoken_tokenizer import TiktokenTokenizer
@@ -188,6 +188,7 @@ class HFTokenizer:
 def hf_file(path: str) -> str:
   """The tokenizer.json of `hf:PATH` (PATH itself, or PATH/tokenizer.json for a folder), or
   a UserError naming it."""
+  remote.check(path, f"data.tokenizer=hf:{path}")
   path = str(runio.path(path, "tokenizer.json")) if filesystem.is_dir(path) else path
   if not filesystem.is_file(path):
     raise UserError(f"data.tokenizer=hf:{path}: no such tokenizer.json")
@@ -196,8 +197,17 @@ def hf_file(path: str) -> str:
 
 def model_file(spec: str, path: str) -> str:
   """PATH of `sp:PATH` or `tiktoken:PATH` when it is a file, or a UserError naming it."""
+  remote.check(path, f"data.tokenizer={spec}")
+  if filesystem.is_dir(path):
+    found = sorted(p.name for p in runio.path(path).glob("*.model"))[:3]
+    inside = f" (it holds {', '.join(found)})" if found else ""
+    raise UserError(
+      f"data.tokenizer={spec}: {path} is a directory{inside}; name the model file itself, "
+      f"e.g. {spec}/tokenizer.model"
+    )
   if not filesystem.is_file(path):
-    raise UserError(f"data.tokenizer={spec}: no such file")
+    what = "no such file" if runio.is_remote(path) else cli.not_a_file(path)
+    raise UserError(f"data.tokenizer={spec}: {path}: {what}")
   return path
 
 

@@ -14,10 +14,12 @@ read entries back. JAX's thresholds apply (`jax_persistent_cache_min_compile_tim
 from __future__ import annotations
 
 import os
+import tempfile
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from moejax import remote
 from moejax.errors import UserError
 
 AUTO = "auto"
@@ -35,18 +37,34 @@ def resolve(setting: str) -> str | None:
   return os.path.expanduser(setting) if setting else None
 
 
+def _check_writable(setting: str, cache: str) -> None:
+  """`cache` made if absent, and a file written and removed there, or a one-line UserError
+  (JAX would warn at every compile, in several lines, and cache nothing)."""
+  try:
+    os.makedirs(cache, exist_ok=True)
+  except OSError as e:
+    raise UserError(
+      f"train.compile_cache={setting!r}: {cache} is not a directory that can be created "
+      f"({e.strerror}); use a writable folder, gs://..., or '' (off)"
+    ) from None
+  try:
+    with tempfile.TemporaryFile(dir=cache):
+      pass
+  except OSError as e:
+    raise UserError(
+      f"train.compile_cache={setting!r}: {cache} is not writable ({e.strerror}); use a "
+      "writable folder, gs://..., or '' (off)"
+    ) from None
+
+
 def enable(setting: str) -> str | None:
   """Points JAX at the cache `setting` names (or turns it off) and returns its directory.
   A change of directory resets JAX's handle, so it also applies after earlier compiles."""
   cache = resolve(setting)
+  if cache is not None and "://" in cache:
+    remote.check(cache, f"train.compile_cache={setting!r}")
   if cache is not None and "://" not in cache:
-    try:
-      os.makedirs(cache, exist_ok=True)
-    except OSError as e:
-      raise UserError(
-        f"train.compile_cache={setting!r}: {cache} is not a directory that can be created "
-        f"({e.strerror}); use a writable folder, gs://..., or '' (off)"
-      ) from None
+    _check_writable(setting, cache)
   changed = jax.config.values.get(DIR_FLAG) != cache
   if changed:
     jax.config.update(DIR_FLAG, cache)

@@ -152,22 +152,39 @@ def resume(run: Run, workdir: str, it, log):
   return mngr, start, state
 
 
+def prepare_run(rc: RunConfig, workdir: str, mesh, log):
+  """(run, train iterator, manager, start step, state): every check passed (the resume
+  guards included), the run built and its newest readable checkpoint restored. Nothing of
+  the run's own is written yet (config.json, metrics.jsonl): a refusal leaves them as they
+  were, and removes a workdir made here."""
+  created = workdir_lib.prepare(workdir)
+  try:
+    workdir_lib.check_output_dirs(workdir, rc.train)
+    workdir_lib.check_resume_config(workdir, rc)
+    rc = workdir_lib.with_saved_vocab(workdir, rc)  # a run saved unpadded resumes unpadded
+    run = build(rc, workdir, mesh)
+    batch_sharding = sharding.batch_sharding(run.mesh)
+    shard = distributed.process_shard(batch_sharding, rc.data.batch_size)
+    it = run.data.train_iterator(shard)
+    mngr, step, state = resume(run, workdir, it, log)
+  except UserError:
+    if created:
+      workdir_lib.remove_created(workdir)
+    raise
+  return run, it, mngr, step, state
+
+
 def train(rc: RunConfig, workdir: str, *, log=print) -> dict:
   """Trains (resuming from the newest readable checkpoint in `workdir`); returns a summary."""
   t0 = time.time()
   mesh = check_config(rc)
   compile_cache.enable(rc.train.compile_cache)  # before the first compile
-  workdir_lib.prepare(workdir)
-  workdir_lib.check_resume_config(workdir, rc)
-  rc = workdir_lib.with_saved_vocab(workdir, rc)  # a run saved unpadded resumes unpadded
-  run = build(rc, workdir, mesh)
+  run, it, mngr, start, state = prepare_run(rc, workdir, mesh, log)
   rc, t, d = run.config, rc.train, rc.data
   batch_sharding = sharding.batch_sharding(run.mesh)
-  it = run.data.train_iterator(distributed.process_shard(batch_sharding, d.batch_size))
-  mngr, start, state = resume(run, workdir, it, log)
   end = max(t.stop_at or t.steps, start)  # stop_at below a checkpoint: done
   resolved = resolved_config(run)
-  workdir_lib.reset_metrics(workdir, start)
+  workdir_lib.reset_metrics(workdir, start)  # the first writes: every check has passed
   workdir_lib.write_config_json(workdir, resolved)
   w = rc.wandb
   tracker = tracking.Tracker(

@@ -3,7 +3,9 @@ an earlier run's saved config (`read_saved`, `from_saved`).
 
 Every write a run makes outside orbax goes through `write_config_json` and
 `reset_metrics` here (and `tracking.Tracker.log`): process 0 only, through `runio`, so a
-gs:// workdir works too.
+gs:// workdir works too. The trainer calls them only once every check here has passed (the
+resume guards included), so a refused command leaves config.json and metrics.jsonl as they
+were; a workdir the refused command created is removed (`remove_created`).
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 
-from moejax import distributed, runio
+import jax
+
+from moejax import distributed, remote, runio
 from moejax.config.reader import from_values, resolve
 from moejax.config.run import RunConfig
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
@@ -25,11 +30,14 @@ from moejax.training import optim, schedules
 FROZEN_SECTIONS = ("model", "data")
 
 
-def prepare(workdir: str) -> None:
-  """Creates `workdir` or a UserError naming it: a file, inside a file, or unwritable."""
+def prepare(workdir: str) -> bool:
+  """Creates `workdir` or a UserError naming it: a file, inside a file, or unwritable.
+  Returns whether it was created here (a local folder that did not exist)."""
   if runio.is_remote(workdir):  # gs://: object stores have no files-in-the-way or modes
+    remote.check(workdir, f"--workdir {workdir}")
     runio.path(workdir).mkdir(parents=True, exist_ok=True)
-    return
+    return False
+  created = not os.path.exists(workdir)
   parent = workdir
   while parent and not os.path.exists(parent):
     parent = os.path.dirname(parent.rstrip(os.sep))
@@ -41,6 +49,33 @@ def prepare(workdir: str) -> None:
       pass
   except OSError as e:
     raise UserError(f"--workdir {workdir}: not writable ({e.strerror})") from None
+  return created
+
+
+def remove_created(workdir: str) -> None:
+  """Removes the local `workdir` that `prepare` created for a run refused before it wrote
+  anything of its own (what is there: a tokenizer cache, orbax's empty checkpoints/)."""
+  if not runio.is_remote(workdir) and jax.process_count() == 1:
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+# The folders a run writes beside config.json: name -> the train.* key that turns it on.
+OUTPUT_DIRS = {"tensorboard": "tensorboard", "profile": "profile_steps"}
+
+
+def check_output_dirs(workdir: str, t) -> None:
+  """WORKDIR/tensorboard and WORKDIR/profile, for a run that writes them (`t`: its
+  TrainConfig), are folders or absent: a file there is refused before anything is written."""
+  if runio.is_remote(workdir):  # object stores have no files in the way
+    return
+  for name, key in OUTPUT_DIRS.items():
+    value, path = getattr(t, key), os.path.join(workdir, name)
+    if value and os.path.exists(path) and not os.path.isdir(path):
+      off = "False" if isinstance(value, bool) else "''"
+      raise UserError(
+        f"{path} is a file, not a folder: train.{key}={value!r} writes into a folder there; "
+        f"move the file away, or set --config.train.{key}={off}"
+      )
 
 
 def _diff(saved: dict, now: dict, prefix: str) -> tuple[str, object, object] | None:
