@@ -156,6 +156,7 @@ ENTRY_POINTS = {  # module -> a flag of its own its help must list
   "moejax.evaluate": "--tasks",
   "moejax.prepare": "--part_mb",
   "moejax.tasks": "--context_chars",
+  "moejax.generate": "--max_new_tokens",
   "moejax.describe": "--topology",
   "moejax.hf": "--text_docs",
   "moejax.config.table": "--help",
