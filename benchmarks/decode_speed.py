@@ -64,7 +64,7 @@ def _tokenizer(src: str, vocab: int) -> None:
     json.dump({"eos_token": "<eos>"}, f)
 
 
-def hf_step_s(src: str, repeats: int) -> float:
+def hf_step_s(src: str, vocab: int, repeats: int) -> float:
   """transformers' greedy generate at batch 1: seconds per new token (33 − 1 tokens)."""
   import numpy as np
   import torch
@@ -72,7 +72,7 @@ def hf_step_s(src: str, repeats: int) -> float:
 
   torch.set_num_threads(os.cpu_count())
   model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-  ids = torch.as_tensor(np.random.default_rng(0).integers(1, 8192, size=(1, PROMPT)))
+  ids = torch.as_tensor(np.random.default_rng(0).integers(1, vocab, size=(1, PROMPT)))
 
   def best(n):
     t_best = float("inf")
@@ -104,7 +104,7 @@ def main() -> None:
                     "--noprogress", "--seq_len", "64", "--sequences", "4"],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     bandwidth = speed.copy_bandwidth()
-    hf_s = hf_step_s(src, args.repeats)
+    hf_s = hf_step_s(src, args.vocab, args.repeats)
     rows = []
     rc = load_config(run)
     for batch in (1, 8):

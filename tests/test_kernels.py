@@ -2,6 +2,7 @@
 the default train step exported for NVIDIA GPUs never holds XLA's densified ragged dot."""
 
 import functools
+import os
 import subprocess
 import sys
 
@@ -26,6 +27,8 @@ from moejax.nn.moe import MoEConfig
 from moejax.training import step as step_lib
 from moejax.training import trainer
 from runconfig import as_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_kernel_declares_backends_modes_and_a_description():
@@ -71,6 +74,31 @@ def test_preload_loads_what_impl_can_take_and_leaves_import_errors_to_the_trace(
   loaded.clear()
   registry.preload.__wrapped__("blocked", "dropless")
   assert loaded == ["blocked"]
+  loaded.clear()  # a model built under a CPU mesh (the trainer's) loads CPU's kernels only
+  registry.preload.__wrapped__("auto", "dropless", ("cpu",))
+  assert loaded == ["native"]
+  loaded.clear()
+  registry.preload.__wrapped__("auto", "dropless", ("cuda", "rocm"))
+  assert loaded == ["fused"]  # cuda's tokamax fails to import here; rocm's fused loads
+
+
+def test_a_cpu_training_process_imports_no_gpu_or_tpu_kernel_library():
+  """The trainer builds its model under its CPU mesh: tokamax and megablox stay unimported
+  (issue 61: 1.9 s of a CPU run's startup), while the meshless build imports every one."""
+  code = (
+    "import sys, jax\n"
+    "from moejax.training import trainer\n"
+    "from runconfig import as_run\n"
+    "from failure_helpers import tiny\n"
+    "rc = as_run(tiny())\n"
+    "trainer.build(rc, None)\n"
+    "print(sorted(m for m in ('tokamax', 'moejax.kernels.megablox') if m in sys.modules))\n"
+  )
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                     timeout=300, check=False)  # fmt: skip
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout
 
 
 @pytest.mark.parametrize("impl", ["ragged", "megablox"])

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.backend import platforms
 from moejax.errors import UserError, check_choice
 from moejax.kernels import dispatch as dsp
 from moejax.kernels import plans
@@ -192,7 +193,8 @@ class MoEBlock(nnx.Module):
 
   def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    dsp.preload(cfg.impl, cfg.dispatch)  # kernel libraries imported before any trace
+    # kernel libraries imported before any trace, those of the context mesh's platform only
+    dsp.preload(cfg.impl, cfg.dispatch, platforms.context_platforms())
     self.router = Router(cfg.d_model, cfg.n_experts, init_std=cfg.init_std, rngs=rngs)
     self.experts = Experts(cfg, rngs=rngs)
     if cfg.d_shared > 0:

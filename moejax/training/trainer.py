@@ -71,7 +71,9 @@ def build(rc: RunConfig, workdir: str | None, mesh=None) -> Run:
   data = make_data(rc.data, seed=rc.train.seed, workdir=workdir)
   rc = rc.with_vocab(data.tokenizer.vocab_size).with_shards(sharding.data_shards(mesh))
   mc = rc.model
-  graphdef, params, router = step_lib.split_model(build_lib.transformer(mc, rc.train.seed))
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # kernels of the mesh's platform
+    model = build_lib.transformer(mc, rc.train.seed)
+  graphdef, params, router = step_lib.split_model(model)
   tx, schedule = optim.optimizer(rc.optim, rc.train.steps)
   state = {
     "step": jnp.zeros((), jnp.int32),
