@@ -6,7 +6,7 @@ Each arm trains one run and grids its final checkpoint. Its planned seconds are
   train    = steps × batch × seq_len / tokens_per_s
   compile  = train_compile_s × (1 + forwards × forward_over_train)
   grid     = cells × sequences × seq_len / (FORWARD_SPEEDUP × tokens_per_s)
-  overhead = overhead_s
+  other    = setup_s + checkpoint_s
 
 with the figures of device_figures.py (each labelled measured, estimate or allowance).
 `forwards` counts the grid's compiled programs (one per k1, `moejax.kgrid.forward`) plus the
@@ -20,12 +20,12 @@ is every program of a rule's later seeds (the persistent compile cache,
 committed figures counts the probe after the startup; the plan on the device starts from
 the seconds already spent.
 
-The steps (`fit_steps`): the preset's `train.steps` when MIN_SEEDS seeds per rule fit
-MARGIN of the time left at the figures, else the most steps that do (then the first arm's
-train step is compiled again: its schedule has other constants). Never more than the
-preset's: its tokens per run are the study's design; time to spare goes to more seeds, as
-arms "beyond plan" that run when the measured times of the arms before them leave room
-(`device_study.py`). Every arm trains the same steps.
+The steps (`fit_steps`): the preset's `train.steps` when MIN_SEEDS seeds per rule fit the
+time left at the figures, else the most steps that do (then the first arm's train step is
+compiled again: its schedule has other constants). Never more than the preset's: its tokens
+per run are the study's design; time to spare goes to more seeds, as arms "beyond plan"
+that run when the measured times of the arms before them leave room (`device_study.py`).
+Every arm trains the same steps.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from moejax.sizing import worksheet
 FORWARD_SPEEDUP = 3.0
 PROBE_STEPS = 100
 MIN_SEEDS = 2
-MARGIN = 0.9  # of the time left: the arms' own variation (the first arms are measured after)
 STEP_MULTIPLE = 10
 RULES = ("qwen3_moe", "olmoe")  # renormalized, unnormalized: sweep.CORE_RULES
 PLANNED, BEYOND = "planned", "beyond plan"
@@ -101,18 +100,19 @@ def compile_s(rc: RunConfig, f: Figures, normalizes: bool, arm: Arm, train_cache
 
 
 def plan_arm(rc: RunConfig, f: Figures, normalizes: bool, arm: Arm, train_cached: bool):
-  """(train, compile, grid, overhead) planned seconds of one arm."""
+  """(train, compile, grid, other) planned seconds of one arm."""
   rate, ev = f.tokens_per_s.value, rc.eval
   train = rc.train.steps * tokens_per_step(rc) / rate
   cells, _ = grid_shape(rc, normalizes)
   grid = cells * ev.sequences * rc.data.seq_len / (FORWARD_SPEEDUP * rate)
-  return train, compile_s(rc, f, normalizes, arm, train_cached), grid, f.overhead_s.value
+  other = f.setup_s.value + f.checkpoint_s.value
+  return train, compile_s(rc, f, normalizes, arm, train_cached), grid, other
 
 
 def probe_s(rc: RunConfig, f: Figures) -> float:
   """The probe before the first arm, planned: its setup, a cold train-step compile, its steps."""
   steps = PROBE_STEPS * tokens_per_step(rc) / f.tokens_per_s.value
-  return f.overhead_s.value + f.train_compile_s.value + steps
+  return f.setup_s.value + f.train_compile_s.value + steps
 
 
 def plan(rc, f: Figures, budget_s: float, max_seeds: int, norms: dict, spent_s: float,
@@ -128,15 +128,15 @@ def plan(rc, f: Figures, budget_s: float, max_seeds: int, norms: dict, spent_s: 
 
 
 def fit_steps(rc, f: Figures, left_s: float, norms: dict, seeds: int = MIN_SEEDS):
-  """(steps, train_cached): the preset's steps when `seeds` seeds per rule fit MARGIN ×
-  `left_s`, else the most (a multiple of STEP_MULTIPLE) that do, with the first arm's train
-  step compiled again; (None, True) when not even one step does."""
+  """(steps, train_cached): the preset's steps when `seeds` seeds per rule fit `left_s`, else
+  the most (a multiple of STEP_MULTIPLE) that do, with the first arm's train step compiled
+  again; (None, True) when not even one step does."""
   keep = plan(rc, f, math.inf, seeds, norms, 0.0, train_cached=True)
-  if sum(p.total_s for p in keep) <= MARGIN * left_s:
+  if sum(p.total_s for p in keep) <= left_s:
     return rc.train.steps, True
   fixed = plan(rc, f, math.inf, seeds, norms, 0.0, train_cached=False)
   train = sum(p.train_s for p in fixed)
-  room = MARGIN * left_s - (sum(p.total_s for p in fixed) - train)
+  room = left_s - (sum(p.total_s for p in fixed) - train)
   per_step = train / rc.train.steps
   steps = int(room / per_step) // STEP_MULTIPLE * STEP_MULTIPLE if room > 0 else 0
   return (steps, False) if steps > 0 else (None, True)
@@ -211,11 +211,8 @@ def steps_line(steps, preset_steps: int, left_s: float, seeds: int = MIN_SEEDS) 
       f"{left_s:.0f} s left: arms run as the time allows"
     )
   if steps == preset_steps:
-    return (
-      f"steps: {steps:,} (the preset's): {seeds} seeds per rule fit {MARGIN:.0%} of the "
-      f"{left_s:.0f} s left"
-    )
+    return f"steps: {steps:,} (the preset's): {seeds} seeds per rule fit the {left_s:.0f} s left"
   return (
     f"steps: {steps:,}, fewer than the preset's {preset_steps:,}: the most with which {seeds} "
-    f"seeds per rule fit {MARGIN:.0%} of the {left_s:.0f} s left"
+    f"seeds per rule fit the {left_s:.0f} s left"
   )
