@@ -1,6 +1,7 @@
 """The calibration study at accelerator scale (experiments/calibration/device_study.py): its
-plan from the committed device figures, its report against a hand-computed case, and (full
-tier) the same command end to end at a tiny shape on CPU."""
+figures and plan from the committed device figures, its steps and arms from measured times,
+its report against a hand-computed case, and (full tier) the preset's deviceless fit for one
+H100 and the same command end to end at a tiny shape on CPU."""
 
 import dataclasses
 import glob
@@ -15,6 +16,7 @@ import types
 
 import numpy as np
 import pytest
+import quick_gpu
 from scipy import stats as sps
 from tiers import FULL
 
@@ -27,6 +29,7 @@ device_plan = importlib.import_module("device_plan")
 device_report = importlib.import_module("device_report")
 study_config = importlib.import_module("study_calibration")
 
+from moejax import aot
 from moejax.config.reader import resolve
 
 
@@ -132,7 +135,7 @@ def test_plan_seconds_by_hand():
   cut = device_plan.plan(rc, f, one + 1.0, 2, NORMS, 30.0)
   assert [p.status for p in cut] == ["planned", "planned", "beyond plan", "beyond plan"]
   assert device_plan.seeds_planned(cut) == 1
-  assert device_plan.probe_s(rc, f) == pytest.approx(6.0 + 10.0 + 100 * 32 * 512 / 2e6)
+  assert device_plan.probe_s(rc, f) == pytest.approx(10.0 + 100 * 32 * 512 / 2e6)
 
 
 def test_steps_keep_the_preset_or_the_most_that_fit_two_seeds():
@@ -164,6 +167,25 @@ def test_plan_only_shows_25m_tokens_and_two_seeds_per_rule_on_h100_and_h200(caps
     table = out.split(f"figures for {device}, from the committed figures")[1].split("plan (")[0]
     assert "2 seed(s) per rule inside the plan" in table, table
     assert "tokens/s" in table and "estimate: " in table
+
+
+def test_an_arms_expected_seconds_follow_the_arms_measured_before_it():
+  def arm(rule, seed, planned, status="pending", measured=None):
+    a = {"name": f"{rule}-{seed}", "rule": rule, "seed": seed, "planned_s": planned}
+    return a | {"status": status} | ({"measured_s": measured} if measured else {})
+
+  arms = [arm("qwen3_moe", 0, 100.0), arm("olmoe", 0, 120.0), arm("qwen3_moe", 1, 20.0)]
+  state = {"arms": arms}
+  assert device_study.expected_s(arms[0], state) == 100.0  # nothing ran: the plan
+  arms[0].update(status="done", measured_s=50.0)
+  assert device_study.expected_s(arms[1], state) == 120.0 * 50 / 100  # the last arm's ratio
+  arms[1].update(status="failed", measured_s=3.0)  # a failed arm says nothing of the time
+  assert device_study.expected_s(arms[2], state) == 20.0 * 50 / 100
+  arms[2].update(status="done", measured_s=8.0)
+  later = arm("qwen3_moe", 2, 20.0)
+  other = arm("olmoe", 1, 30.0)
+  assert device_study.expected_s(later, state) == 8.0  # its rule's cached seed, measured
+  assert device_study.expected_s(other, state) == 30.0 * 8 / 20  # no olmoe seed ran cached
 
 
 def test_set_steps_keeps_the_warmup_share():
@@ -271,6 +293,34 @@ def test_report_states_tokens_per_parameter_beside_the_cpu_study():
 
 def test_no_plan_no_section(tmp_path):
   assert device_report.section(tmp_path, tmp_path) == ""
+
+
+# ---------------------------------------------------------------- the deviceless fit
+
+
+@FULL
+def test_the_preset_fits_one_h100_by_the_gpu_compiler():
+  """`describe --gpu h100:1` on the preset (the cuda extra: skipped without it unless CI's
+  MOEJAX_REQUIRE_GPU), autotuning off (tests/quick_gpu.py: the same bytes, half the compile):
+  the state's bytes by hand and the fit docs/performance.md gives."""
+  if not (aot.cuda_available() or os.environ.get("MOEJAX_REQUIRE_GPU")):
+    pytest.skip("jax's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+  env |= {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1", "XLA_FLAGS": quick_gpu.XLA_FLAGS}
+  argv = [sys.executable, "-m", "moejax.describe", "--config", "configs/study_calibration.py:device"]
+  out = subprocess.run(
+    [*argv, "--gpu", "h100:1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  # f32 parameters: the 384 x 384 embedding (the byte vocabulary padded), per layer q and o
+  # 384 x 384, k and v 384 x 192, two norms of 384, the router 384 x 64 and 64 experts of
+  # 3 x 384 x 128; the final norm; AdamW's two moments of each
+  n = 384 * 384 + 4 * (2 * 384 * 384 + 2 * 384 * 192 + 2 * 384 + 384 * 64 + 64 * 3 * 384 * 128)
+  n += 384
+  assert f"parameters         {4 * (n) / 2**20:.2f} MiB" in out.stdout
+  assert f"optimizer state    {8 * n / 2**20:.2f} MiB" in out.stdout
+  fits = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("fits:"))
+  assert fits.strip().startswith("fits: 2.4") and fits.endswith("of 59.33 GiB per device")
 
 
 # ---------------------------------------------------------------- end to end, tiny, on CPU

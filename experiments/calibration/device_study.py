@@ -219,14 +219,16 @@ def pack(results: pathlib.Path, out: pathlib.Path, state: dict) -> None:
 
 
 def expected_s(arm: dict, state: dict) -> float:
-  """The seconds this arm is expected to take: its plan, corrected by the error the plan made
-  on the last arm that ran (of the same rule where one has: the same programs; else of the
-  other rule), so that what the first arms measured carries over to the rest."""
+  """The seconds this arm is expected to take: the measured time of the last arm that ran the
+  same programs in the same state (its rule's, both a later seed: read from the compile
+  cache); else its plan scaled by the last arm's measured over planned; else its plan."""
   ran = [a for a in state["arms"] if a.get("measured_s") and a["status"] == device_report.DONE]
-  ref = ([a for a in ran if a["rule"] == arm["rule"]] or ran or [None])[-1]
-  if ref is None:
-    return arm["planned_s"]
-  return max(arm["planned_s"] + ref["measured_s"] - ref["planned_s"], 0.0)
+  same = [a for a in ran if a["rule"] == arm["rule"] and a["seed"] > 0 and arm["seed"] > 0]
+  if same:
+    return same[-1]["measured_s"]
+  if ran:
+    return arm["planned_s"] * ran[-1]["measured_s"] / ran[-1]["planned_s"]
+  return arm["planned_s"]
 
 
 def load(args, log) -> tuple:
@@ -293,7 +295,10 @@ def fix_steps(base, rcs, norms, cache, budget: float, kind: str, log) -> dict:
   from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
   rc = rcs[device_plan.RULES[0]]
-  log(f"probe: {device_plan.PROBE_STEPS} steps of {device_plan.RULES[0]}'s train step")
+  log(
+    f"probe: {device_plan.PROBE_STEPS} steps of {device_plan.RULES[0]}'s train step, from "
+    f"{elapsed():.0f} s"
+  )
   probe = device_probe.probe(
     resolve(arm_config(base, device_plan.RULES[0], 0, cache)), device_plan.PROBE_STEPS
   )
