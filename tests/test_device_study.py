@@ -31,7 +31,7 @@ study_config = importlib.import_module("study_calibration")
 
 from moejax import aot
 from moejax.config.reader import resolve
-
+from moejax.errors import UserError
 
 device_figures = importlib.import_module("device_figures")
 device_study = importlib.import_module("device_study")
@@ -140,15 +140,15 @@ def test_plan_seconds_by_hand():
 
 def test_steps_keep_the_preset_or_the_most_that_fit_two_seeds():
   rc, f = _preset(), _figures()
-  total = lambda c, cached: sum(  # noqa: E731
+  total = lambda c, cached: sum(
     p.total_s for p in device_plan.plan(c, f, 1e9, 2, NORMS, 0.0, cached)
   )
   assert device_plan.fit_steps(rc, f, total(rc, True) + 0.1, NORMS) == (1600, True)
   tight = total(rc, True) * 0.9
   want = max(  # by search: the most steps, a multiple of 10, whose plan fits
-    s for s in range(10, 1600, 10)
-    if total(dataclasses.replace(rc, train=dataclasses.replace(rc.train, steps=s)), False)
-    <= tight
+    s
+    for s in range(10, 1600, 10)
+    if total(dataclasses.replace(rc, train=dataclasses.replace(rc.train, steps=s)), False) <= tight
   )
   assert device_plan.fit_steps(rc, f, tight, NORMS) == (want, False)
   assert device_plan.fit_steps(rc, f, 5.0, NORMS) == (None, True)
@@ -186,6 +186,20 @@ def test_an_arms_expected_seconds_follow_the_arms_measured_before_it():
   other = arm("olmoe", 1, 30.0)
   assert device_study.expected_s(later, state) == 8.0  # its rule's cached seed, measured
   assert device_study.expected_s(other, state) == 30.0 * 8 / 20  # no olmoe seed ran cached
+
+
+def test_a_failed_probe_keeps_the_committed_figures(monkeypatch, tmp_path):
+  def fails(rc, steps):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nthe rest of it")
+
+  monkeypatch.setattr(device_study.device_probe, "probe", fails)
+  lines, f, base = [], _figures(), study_config.get_config("device")
+  assert device_study.probe_figures(base, f, tmp_path, "x", lines.append) == (f, None)
+  assert lines[-1] == (
+    "probe: failed (RuntimeError: RESOURCE_EXHAUSTED: out of memory); the committed figures stay"
+  )
+  with pytest.raises(UserError, match=r"the probe failed \(RuntimeError: .*\) and the committed"):
+    device_study.probe_figures(base, None, tmp_path, "x", lines.append)
 
 
 def test_set_steps_keeps_the_warmup_share():
@@ -307,10 +321,12 @@ def test_the_preset_fits_one_h100_by_the_gpu_compiler():
     pytest.skip("jax's CUDA plugin is not installed (pip install -e '.[cuda]')")
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
   env |= {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1", "XLA_FLAGS": quick_gpu.XLA_FLAGS}
-  argv = [sys.executable, "-m", "moejax.describe", "--config", "configs/study_calibration.py:device"]
+  argv = [sys.executable, "-m", "moejax.describe"]
+  argv += ["--config", "configs/study_calibration.py:device"]
   out = subprocess.run(
-    [*argv, "--gpu", "h100:1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
-  )
+    [*argv, "--gpu", "h100:1"], cwd=ROOT, env=env, capture_output=True, text=True,
+    timeout=1800, check=False,
+  )  # fmt: skip
   assert out.returncode == 0, out.stderr[-3000:]
   # f32 parameters: the 384 x 384 embedding (the byte vocabulary padded), per layer q and o
   # 384 x 384, k and v 384 x 192, two norms of 384, the router 384 x 64 and 64 experts of

@@ -43,8 +43,7 @@ import re
 from typing import NamedTuple
 
 from moejax.config import RunConfig
-from moejax.sizing import flops
-from moejax.sizing import worksheet
+from moejax.sizing import flops, worksheet
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -164,7 +163,9 @@ def ratios(results: str = RESULTS) -> tuple[Figure, Figure]:
   )
   warm = _load(CACHE_RESULT, results)["figures"]["warm_over_cold"]
   cache = Figure(
-    float(warm), MEASURED, f"the preset's programs read back from the cache, CPU host ({CACHE_RESULT})"
+    float(warm),
+    MEASURED,
+    f"the preset's programs read back from the cache, CPU host ({CACHE_RESULT})",
   )
   return fwd, cache
 

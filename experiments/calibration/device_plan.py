@@ -35,8 +35,7 @@ from typing import NamedTuple
 
 from device_figures import Figures
 
-from moejax.config import RunConfig
-from moejax.config import grid_labels
+from moejax.config import RunConfig, grid_labels
 from moejax.kgrid import cells as cells_lib
 from moejax.sizing import worksheet
 
@@ -161,16 +160,23 @@ def scale_lines(rc: RunConfig, cpu: RunConfig) -> list[str]:
   """Tokens per run and parameters against the CPU study's, with the floors' verdicts."""
   p, q = params(rc), params(cpu)
   tok, cpu_tok = rc.train.steps * tokens_per_step(rc), cpu.train.steps * tokens_per_step(cpu)
-  ok = lambda b: "yes" if b else "NO"  # noqa: E731
+  ok = lambda b: "yes" if b else "NO"
   return [
-    f"  tokens per arm: {rc.train.steps:,} steps x {tokens_per_step(rc):,} = {tok / 1e6:.1f}M, "
-    f"{tok / cpu_tok:.1f}x the CPU study's {cpu_tok / 1e6:.2f}M (>= {TOKENS_OVER_CPU}x: "
-    f"{ok(tok >= TOKENS_OVER_CPU * cpu_tok)})",
-    f"  non-embedding parameters: {p['total'] / 1e6:.1f}M, {p['active'] / 1e6:.2f}M active per "
-    f"token, {p['active'] / q['active']:.1f}x the CPU study's {q['active'] / 1e6:.2f}M active "
-    f"(>= {ACTIVE_OVER_CPU}x: {ok(p['active'] >= ACTIVE_OVER_CPU * q['active'])})",
-    f"  tokens per parameter: {tok / p['total']:.2f} ({tok / p['active']:.1f} per active one); "
-    f"the CPU study's {cpu_tok / q['total']:.2f} ({cpu_tok / q['active']:.1f})",
+    (
+      f"  tokens per arm: {rc.train.steps:,} steps x {tokens_per_step(rc):,} = "
+      f"{tok / 1e6:.1f}M, {tok / cpu_tok:.1f}x the CPU study's {cpu_tok / 1e6:.2f}M "
+      f"(>= {TOKENS_OVER_CPU}x: {ok(tok >= TOKENS_OVER_CPU * cpu_tok)})"
+    ),
+    (
+      f"  non-embedding parameters: {p['total'] / 1e6:.1f}M, {p['active'] / 1e6:.2f}M active "
+      f"per token, {p['active'] / q['active']:.1f}x the CPU study's "
+      f"{q['active'] / 1e6:.2f}M active "
+      f"(>= {ACTIVE_OVER_CPU}x: {ok(p['active'] >= ACTIVE_OVER_CPU * q['active'])})"
+    ),
+    (
+      f"  tokens per parameter: {tok / p['total']:.2f} ({tok / p['active']:.1f} per active "
+      f"one); the CPU study's {cpu_tok / q['total']:.2f} ({cpu_tok / q['active']:.1f})"
+    ),
   ]
 
 

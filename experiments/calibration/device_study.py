@@ -141,8 +141,8 @@ def arm_config(base, rule: str, seed: int, cache: pathlib.Path):
 def fit_heldout(base, log) -> None:
   """Fewer evaluated sequences where this Python's stdlib holds out too few windows for the
   grid's sequences plus gain's calibration ones (both come from the held-out split)."""
-  from moejax.data import pipeline  # pylint: disable=import-outside-toplevel
   from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
+  from moejax.data import pipeline  # pylint: disable=import-outside-toplevel
 
   rc = resolve(base)
   have = pipeline.heldout_windows(rc.data, None)[0].shape[0]
@@ -180,9 +180,9 @@ def host_info() -> dict:
 
 def run_arm(cfg, workdir: pathlib.Path, log) -> dict:
   """Train, then grid the final checkpoint; the seconds of each."""
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
-  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
   t0 = time.monotonic()
   summary = trainer.train(resolve(cfg), str(workdir), log=log)
@@ -290,45 +290,67 @@ def set_steps(base, steps: int) -> None:
   t.steps = t.eval_every = t.ckpt_every = steps
 
 
-def fix_steps(base, rcs, norms, cache, budget: float, kind: str, log) -> dict:
-  """The probe, then every arm's steps from it (device_plan.fit_steps); what it found."""
+def probe_figures(base, committed, cache: pathlib.Path, kind: str, log):
+  """(Figures from the probe, the probe's dict), or the committed figures and None where
+  the probe failed (said so: the arms then fail or run on their own)."""
   from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
-  rc = rcs[device_plan.RULES[0]]
-  log(
-    f"probe: {device_plan.PROBE_STEPS} steps of {device_plan.RULES[0]}'s train step, from "
-    f"{elapsed():.0f} s"
-  )
-  probe = device_probe.probe(
-    resolve(arm_config(base, device_plan.RULES[0], 0, cache)), device_plan.PROBE_STEPS
-  )
-  f = device_figures.measured(probe, kind, elapsed())
-  left = budget - elapsed()
-  steps, cached = device_plan.fit_steps(rc, f, left, norms)
-  reason = device_plan.steps_line(steps, rc.train.steps, left)
+  rule = device_plan.RULES[0]
+  log(f"probe: {device_plan.PROBE_STEPS} steps of {rule}'s train step, from {elapsed():.0f} s")
+  try:
+    probe = device_probe.probe(resolve(arm_config(base, rule, 0, cache)), device_plan.PROBE_STEPS)
+  except Exception as e:  # noqa: BLE001  (said, and the arms report their own failures)
+    if committed is None:
+      raise UserError(f"the probe failed ({type(e).__name__}: {first_line(e)}) and the "
+                      "committed figures cannot support a plan") from None  # fmt: skip
+    log(f"probe: failed ({type(e).__name__}: {first_line(e)}); the committed figures stay")
+    return committed, None
   log(
     f"probe: setup {probe.setup_s:.1f} s, first step {probe.compile_s:.1f} s, "
-    f"{probe.tokens_per_s:,.0f} tokens/s; {reason}"
+    f"{probe.tokens_per_s:,.0f} tokens/s"
   )
+  return device_figures.measured(probe, kind, elapsed()), probe._asdict()
+
+
+def fix_steps(base, rcs, norms, f, budget: float, log) -> dict:
+  """Every arm's steps from the figures (device_plan.fit_steps), said with the reason."""
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
+
+  rc, left = rcs[device_plan.RULES[0]], budget - elapsed()
+  steps, cached = device_plan.fit_steps(rc, f, left, norms)
+  reason = device_plan.steps_line(steps, rc.train.steps, left)
+  log(reason)
   if steps is not None and steps != rc.train.steps:
     set_steps(base, steps)
-    rcs = {r: resolve(arm_config(base, r, 0, pathlib.Path("."))) for r in device_plan.RULES}
-  rc, cpu = rcs[device_plan.RULES[0]], cpu_study()
+    rc = resolve(arm_config(base, device_plan.RULES[0], 0, pathlib.Path(".")))
+  cpu = cpu_study()
   for line in device_plan.scale_lines(rc, cpu):
     log(line)
-  per_run = lambda c: c.train.steps * device_plan.tokens_per_step(c)  # noqa: E731
+  per_run = lambda c: c.train.steps * device_plan.tokens_per_step(c)
   if per_run(rc) < device_plan.TOKENS_OVER_CPU * per_run(cpu):
     log(
       f"note: below the floor of {device_plan.TOKENS_OVER_CPU}x the CPU study's tokens per run: "
       "at this device's measured rate the budget holds no more; a larger --budget-s would"
     )
+  return {"rc": rc, "steps": rc.train.steps, "steps_reason": reason, "train_cached": cached}
+
+
+def initial_state(args, host: dict, figures: dict, fixed: dict, planned: list) -> dict:
+  """plan.json before any arm: the command, the figures, the steps and why, the arms."""
+  arms = [
+    {"name": p.arm.name, "rule": p.arm.rule, "seed": p.arm.seed,
+     "planned_s": round(p.total_s, 1), "plan": p.status, "status": "pending"}
+    for p in planned
+  ]  # fmt: skip
   return {
-    "rc": rc,
-    "figures": f,
-    "probe": probe._asdict(),
-    "steps": rc.train.steps,
-    "steps_reason": reason,
-    "train_cached": cached,
+    "command": " ".join(["python", "experiments/calibration/device_study.py", *sys.argv[1:]]),
+    "budget_s": args.budget_s,
+    "reserve_s": RESERVE_S,
+    **figures,
+    "steps": fixed["steps"],
+    "steps_reason": fixed["steps_reason"],
+    "host": host,
+    "arms": arms,
   }
 
 
@@ -349,32 +371,14 @@ def run(args) -> int:
   scratch = args.scratch or pathlib.Path(tempfile.mkdtemp(prefix="moejax_device_study_"))
   results, cache = scratch / "results", scratch / "xla_cache"
   results.mkdir(parents=True, exist_ok=True)
-  fixed = fix_steps(base, rcs, norms, cache, budget, kind, log)
-  f, spent = fixed["figures"], elapsed()
-  planned = device_plan.plan(fixed["rc"], f, budget, args.seeds, norms, spent, fixed["train_cached"])
+  f, probe = probe_figures(base, committed, cache, kind, log)
+  fixed = fix_steps(base, rcs, norms, f, budget, log)
+  spent = elapsed()
+  cached = fixed["train_cached"] and probe is not None
+  planned = device_plan.plan(fixed["rc"], f, budget, args.seeds, norms, spent, cached)
   log(device_plan.table(planned, f, budget, spent))
-  state = {
-    "command": " ".join(["python", "experiments/calibration/device_study.py", *sys.argv[1:]]),
-    "budget_s": args.budget_s,
-    "reserve_s": RESERVE_S,
-    "committed": figures_dict(committed),
-    "measured": figures_dict(f),
-    "probe": fixed["probe"],
-    "steps": fixed["steps"],
-    "steps_reason": fixed["steps_reason"],
-    "host": host,
-    "arms": [
-      {
-        "name": p.arm.name,
-        "rule": p.arm.rule,
-        "seed": p.arm.seed,
-        "planned_s": round(p.total_s, 1),
-        "plan": p.status,
-        "status": "pending",
-      }
-      for p in planned
-    ],
-  }
+  figures = {"committed": figures_dict(committed), "measured": figures_dict(f), "probe": probe}
+  state = initial_state(args, host, figures, fixed, planned)
   log(f"scratch {scratch}")
   pack(results, args.out, state)
   run_arms(args, base, state, results, cache, scratch, log)
