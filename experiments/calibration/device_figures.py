@@ -25,8 +25,9 @@ Before the device runs anything (`committed`, what `device_study.py --plan-only`
 * startup, up to the probe's first step (imports, the accelerator's client, the held-out
   split, the probe's build: the process's first, which reads the corpus and compiles the
   initializers), and each arm's setup and final checkpoint (written and read back):
-  allowances. This repository's 2-core CPU host took 28 s to the probe's first step in the
-  tiny CPU run (tests/test_device_study.py's shape, `log.txt`).
+  allowances. This repository's 2-core CPU host, shared, took 18 and 28 s to the probe's
+  first step in two tiny CPU runs (tests/test_device_study.py's shape; `log.txt`'s probe
+  line: its start plus its setup).
 
 On the device (`measured`): tokens/s and the train-step compile are the probe's
 (device_probe.py) and the startup is the seconds already spent; the two ratios stay the
