@@ -106,6 +106,8 @@ def test_missing_figures_are_said_not_guessed(tmp_path, capsys):
   assert "plan for h100: the committed figures cannot support one: no committed" in (
     capsys.readouterr().out
   )
+  device_study.committed_plan(_preset(), "h200", 200, 2, NORMS, print)  # a budget too short
+  assert "the committed figures do not hold 2 seeds per rule" in capsys.readouterr().out
 
 
 def _figures(rate=2e6, compile_s=10.0, fwd=1.0, warm=0.25, startup=20.0, setup=6.0, ckpt=4.0):

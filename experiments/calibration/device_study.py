@@ -266,6 +266,11 @@ def committed_plan(rc, device: str, budget: float, seeds: int, norms: dict, log)
   planned = device_plan.plan(rc, f, budget, seeds, norms, spent)
   log(device_plan.table(planned, f, budget, spent))
   need = device_plan.min_rate(rc, f, budget, norms, spent)
+  if device_plan.seeds_planned(planned) < device_plan.MIN_SEEDS:
+    log(
+      f"  the committed figures do not hold {device_plan.MIN_SEEDS} seeds per rule at these "
+      "steps in this budget: the probe's measured figures decide on the device"
+    )
   log(
     f"  {device_plan.MIN_SEEDS} seeds per rule at these steps need >= {need:,.0f} tokens/s at "
     f"these compile figures; the estimate is {f.tokens_per_s.value:,.0f} "
