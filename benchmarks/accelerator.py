@@ -39,7 +39,7 @@ device's `memory_stats()["peak_bytes_in_use"]` in that process (max over local d
 where the backend reports it, else the compiled step's `memory_analysis()` (arguments +
 outputs + temporaries − aliased). An arm that fails (e.g. out of memory) is reported with
 its error, not fatal. Arms run within `--budget-s` (default 540 s, so the whole command
-stays under a 10-minute call: on one H200 with XLA's autotuning an arm took 15-40 s of
+stays under 10 minutes: on one H200 with XLA's autotuning an arm took 15-40 s of
 compile and about 32 s in all, so the CUDA plan's 15 arms need about 8 minutes), each within
 `--arm-timeout`; arms past the budget are listed as
 skipped. `--xla-cache DIR` keeps compiles for a rerun. MFU and TFLOPS/device use

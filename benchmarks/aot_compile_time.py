@@ -16,8 +16,9 @@ optimized HLO (kernels launched, while loops, dynamic-update-slice fusions, elem
 fusions' bytes, zero fills: `hlo_stats.py`). `--grid-forward` also traces, lowers and compiles
 the k-grid's forward (`programs.grid_forward`, one k1 with an integer k2, as `moejax.evaluate`
 runs it on one device) and prints its CPU seconds against the train step's lower + compile:
-the ratio `experiments/calibration/device_plan.py` scales the device's measured train-step
-compile by. Writes
+the ratio the device study's plan scales a train-step compile by for each grid forward
+(`experiments/calibration/device_figures.py`, which also scales the H200's measured compile
+by two such runs' lower + compile seconds, at two shapes). Writes
 benchmarks/results/aot_compile_time_<target>.json, e.g. aot_compile_time_v5e_4x4.json
 (`--result NAME` for another name).
 """

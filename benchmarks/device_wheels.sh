@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The wheels the lent H200 image lacks for moejax (docs/performance.md, device benchmark):
-# its Python 3.12 has jax 0.11.2 with the cuda13 plugin, optax, orbax-checkpoint, chex, etils,
-# tokenizers, matplotlib, jaxtyping and most of their needs, but not these (found by importing
-# moejax with only those packages and these wheels, and running the tiny CPU benchmark). Written to
-# .whl/ (ignored by git: .git/info/exclude), for the device's `run` to carry and install with
+# The wheels a GPU host without network needs for moejax when its Python 3.12 already has jax
+# 0.11.2 with the cuda13 plugin, optax, orbax-checkpoint, chex, etils, tokenizers, matplotlib,
+# jaxtyping and most of their needs (as the image of the committed H200 figures did): these
+# are what such an environment lacks (found by importing moejax with only those packages and these wheels, and
+# running the tiny CPU benchmark). Run it on a machine with network; it writes them to .whl/
+# (ignored by git: .git/info/exclude). Copy the checkout with .whl/ to the host and install
+# there (docs/performance.md, "A GPU host without network"):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-# flax is carried at moejax's 3.12 pin (0.12.12), whatever the image's is.
+# flax is taken at moejax's 3.12 pin (0.12.12), whatever the host's is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >>.git/info/exclude

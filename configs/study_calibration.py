@@ -25,19 +25,28 @@ FSDP over the 8 GPUs, tokamax's grouped matmuls and flash attention (`impl=tokam
 `attention=tokamax`: no while loop in the compiled step), no remat: 25.15 of 59.33 GiB per
 GPU by XLA:GPU's memory analysis of a deviceless compile (`describe --gpu h100:8`).
 
-`get_config("device")` is the study at accelerator scale in one short call on one H100 or
-H200 (`experiments/calibration/device_study.py`): the shape whose tokens/s the device
-benchmark measured on one H200 (`benchmarks/accelerator.py`'s defaults: d_model 1024, 4
-layers, 16/4 heads, E = 64 experts of width 256, K = 8, every layer MoE, 16 × 1024 tokens per
-step, bf16, `impl=auto` (tokamax on CUDA) and tokamax attention (its Mosaic GPU flash kernel
-on sm90)): 212M non-embedding parameters, 63× the CPU preset's 3.38M (`describe`). The
-corpus is the CPU preset's byte-level stdlib (a larger held-out share, `_device`); 250 steps
-are 4.1M tokens, 3.3× the CPU preset's tokens per run: the most that lets the device plan
-(experiments/calibration/device_plan.py, from the committed device figures) fit two seeds
-per rule in the 480 s budget, where compiles take three quarters of the planned time. Byte,
-not BPE: no tokenizer to fit inside the call, the CPU study's tokenizer (so both sides are
-in nats per byte), and BPE would shrink a corpus that already holds under one epoch per run
-by about 3×.
+`get_config("device")` is the study at accelerator scale on one H100 or H200, in a 480 s
+budget (`experiments/calibration/device_study.py`), sized for its question: each run trains
+at least 20x the CPU preset's tokens on at least 5x its active parameters, with two seeds per
+rule (qwen3_moe, olmoe) inside the budget. d_model 384, 4 layers, GQA 6/3 heads of 64 (the
+CPU preset's 2:1), every layer MoE with E = 64 experts of width 128 and K = 8 (the CPU
+preset's routing; widths multiples of 128 for the GPU kernels), dropless; bf16, `impl=auto`
+(tokamax on CUDA), tokamax attention; 32 x 512 bytes per step for DEVICE_STEPS = 1,600 steps:
+26.2M tokens per run, 21.3x the CPU preset's 1.23M, on 39.6M non-embedding parameters of
+which 6.59M are active per token, 10.6x the CPU preset's 0.62M (`describe`); 0.66 tokens per
+parameter against the CPU preset's 0.36. The shape is not the device benchmark's d_model
+1024 one: at the 480 s budget compiles, not steps, set the time (six programs per rule, 15-21
+s each for the train step on an H200, and a narrower model does not compile faster: 65.4
+against 64.8 CPU-s deviceless, `benchmarks/results/device_study_compile_h200_1*.json`), so
+the steps must be cheap, and at 49.8 MFLOP per token this shape's are about a ninth of the
+benchmark's 467. No committed figure measures its tokens/s: the plan estimates them by
+FLOPs from the benchmark's (`device_study.py --plan-only` prints it, every figure labelled)
+and the study measures its own first steps on the device before fixing the steps
+(experiments/calibration/device_plan.py). The corpus is the CPU preset's byte-level stdlib (a
+larger held-out share, `_device`): 11.7M training bytes on Python 3.11, so a run makes 2.2
+passes over it (the held-out split is by document, so its loss still measures text the
+model has not seen). Byte, not BPE: no tokenizer to fit on the device host, the CPU study's
+tokenizer (so both sides are in nats per byte), and BPE would shrink that corpus about 3x.
 """
 
 import ml_collections
@@ -45,6 +54,7 @@ import ml_collections
 from moejax import config as config_lib
 
 PRESETS = ("cpu", "tpu", "gpu", "device")
+DEVICE_STEPS = 1600  # 26.2M tokens per run: module docstring
 
 
 def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
@@ -90,19 +100,19 @@ def get_config(preset: str = "cpu") -> ml_collections.ConfigDict:
 
 def _device(c: ml_collections.ConfigDict) -> None:
   """One H100 or H200 (module docstring). The grid: k1 in {8, 4, 2, 1} (the default) x k2 in
-  {native, k1, K, E} plus `sqrt` and `gain`, on 256 held-out sequences of 1,024 bytes (the CPU
-  preset's count of sequences, 8x its tokens) and 64 disjoint calibration sequences for `gain`.
-  The held-out documents are 5% (the CPU preset's 2% leaves 69 windows of 1,025 bytes on
-  Python 3.11's stdlib, too few; 5% gives 373 there and 666 on 3.13; the split is by document
-  content, so the CPU preset's held-out documents stay held out here). Checkpoints only at the
-  end (the grid reads it; device_study.py deletes it); no wandb (no network on the device)."""
-  c.model.update(d_model=1024, n_layers=4, n_heads=16, n_kv_heads=4, d_ff=4096)
+  {native, k1, K, E} plus `sqrt` and `gain`, on 256 held-out sequences of 512 bytes (the CPU
+  preset's count of sequences, 4x its tokens) and 64 disjoint calibration sequences for `gain`.
+  The held-out documents are 5%: 746 windows of 513 bytes on Python 3.11's stdlib, where the
+  CPU preset's 2% leaves 139, too few for 256 + 64 (the split is by document content, so the
+  CPU preset's held-out documents stay held out here). Checkpoints only at the end (the grid reads
+  it; device_study.py deletes it); no wandb (a host without network runs it too)."""
+  c.model.update(d_model=384, n_layers=4, n_heads=6, n_kv_heads=3, d_ff=1536)
   c.model.update(dtype="bfloat16", remat="none", attention="tokamax")
-  c.model.moe.update(d_expert=256, impl="auto")
-  c.data.update(batch_size=16, seq_len=1024, holdout_fraction=0.05)
-  steps = 250  # two seeds per rule inside the 480 s plan (module docstring)
-  c.train.update(steps=steps, log_every=25, eval_every=steps, ckpt_every=steps)
+  c.model.moe.update(d_expert=128, impl="auto")
+  c.data.update(batch_size=32, seq_len=512, holdout_fraction=0.05)
+  steps = DEVICE_STEPS
+  c.train.update(steps=steps, log_every=50, eval_every=steps, ckpt_every=steps)
   c.train.update(keep_checkpoints=1, progress=False)
   c.optim.update(lr=1e-3, warmup_steps=steps // 10)
-  c.eval.update(sequences=256, gain_sequences=64, batch_size=16, k2="native,k1,K,E,sqrt,gain")
+  c.eval.update(sequences=256, gain_sequences=64, batch_size=32, k2="native,k1,K,E,sqrt,gain")
   c.wandb.update(mode="disabled")

@@ -5,8 +5,8 @@ lines); every relative link in README.md and docs/*.md names an existing file, a
 anchor an existing heading; the layout table of docs/design.md §8 lists exactly the entries
 of tests/test_imports.py's LAYERS and, for each package, exactly its modules; every path in
 its "To add X, edit Y" table exists; and every command in a ```bash block is accounted for:
-marked `# cloud` (needs a cloud account or the network), mapped in RUN_BY_TESTS to the test
-that runs it (whose `def` must exist), or listed in RUN_HERE.
+marked `# cloud` (needs a cloud account or the network) or `# gpu` (needs a GPU host), mapped
+in RUN_BY_TESTS to the test that runs it (whose `def` must exist), or listed in RUN_HERE.
 
 Full tier: the RUN_HERE commands run as written, in a scratch directory, under a timeout.
 """
@@ -123,12 +123,12 @@ def trailing_comment(line: str) -> tuple[str, str]:
 
 
 def commands(block: list[str]) -> list[tuple[str, bool]]:
-  """(the command with its whitespace collapsed, marked `# cloud`) for each command of a
-  bash block: lines joined across a trailing backslash and from `for ...; do` to `done`."""
+  """(the command with its whitespace collapsed, marked `# cloud` or `# gpu`) for each command
+  of a bash block: lines joined across a trailing backslash and from `for ...; do` to `done`."""
   out, parts, cloud, depth = [], [], False, 0
   for line in block:
     code, comment = trailing_comment(line)
-    cloud |= comment.lower().startswith("cloud")
+    cloud |= comment.lower().startswith(("cloud", "gpu"))
     if not code.strip():
       continue
     depth += len(re.findall(r"\bdo\b", code)) - len(re.findall(r"\bdone\b", code))
@@ -258,6 +258,13 @@ RUN_BY_TESTS: dict[str, str] = {
   "python -m moejax.evaluate --workdir runs/qwen3 --k1 8,4,2,1 --k2 native,k1,8,16,128": (
     "tests/test_hf.py::test_grid_on_imported_model"
   ),
+  # README "Cloud", docs/performance.md "One GPU host": at a tiny shape on CPU
+  "python experiments/calibration/device_study.py --out runs/device_study": (
+    "tests/test_device_study.py::test_the_command_trains_grids_and_reports_at_a_tiny_shape"
+  ),
+  "python benchmarks/accelerator.py --out runs/bench/accelerator": (
+    "tests/test_benchmarks.py::test_cpu_run_writes_every_arm"
+  ),
   # docs/cloud.md
   "python -m launch.sweep experiments/example/sweep.py --backend local --parallel 2": (
     "tests/test_launch.py::test_local_runs_three_in_parallel_and_resumes_the_interrupted_one"
@@ -333,6 +340,7 @@ def test_slug_and_link_parsing_by_hand():
   prose, blocks = split_code("a\n  ```bash\n  x \\\n    y # cloud\n  ```\nb")
   assert prose == ["a", "b"] and blocks == [("bash", ["x \\", "  y # cloud"])]
   assert commands(blocks[0][1]) == [("x y", True)]
+  assert commands(["a  # gpu: on the host", "b # a note"]) == [("a", True), ("b", False)]
   assert trailing_comment("a 'b # c' # d") == ("a 'b # c'", "d")
 
 
@@ -398,7 +406,7 @@ def test_every_command_is_run_by_a_test_or_marked_cloud():
     if not cloud and cmd not in RUN_BY_TESTS and cmd not in RUN_HERE
   ]
   assert not unaccounted, (
-    "commands in the docs that no test runs and that are not marked `# cloud` (add each to "
+    "commands in the docs that no test runs and that are not marked `# cloud` or `# gpu` (add each to "
     "RUN_BY_TESTS or RUN_HERE in tests/test_docs.py, or mark it):\n" + "\n".join(unaccounted)
   )
   shown = {cmd for _, cmd, _ in found}

@@ -1,74 +1,51 @@
-"""The device study's plan: which arms (rule × seed) fit the time budget, and why.
+"""The device study's plan: how many steps every arm trains, which arms (rule × seed) fit the
+time budget, and why.
 
 Each arm trains one run and grids its final checkpoint. Its planned seconds are
 
   train    = steps × batch × seq_len / tokens_per_s
   compile  = train_compile_s × (1 + forwards × forward_over_train)
-  grid     = cells × sequences × seq_len / (FORWARD_SPEEDUP × tokens_per_s) + CHECKPOINT_S
+  grid     = cells × sequences × seq_len / (FORWARD_SPEEDUP × tokens_per_s)
+  other    = setup_s + checkpoint_s
 
-from committed measurements, never from this run:
+with the figures of device_figures.py (each labelled measured, estimate or allowance).
+`forwards` counts the grid's compiled programs (one per k1, `moejax.kgrid.forward`) plus the
+trainer's held-out eval step. A forward is a third of a train step's FLOPs (2N against 6N
+per token), so the grid's cells run at FORWARD_SPEEDUP × the training tokens/s.
 
-* `tokens_per_s` is the lowest and `train_compile_s` the highest of the device benchmark's
-  H200 rows at the preset's expert shape with the `tokamax` kernel and the preset's layer
-  layout (`benchmarks/results/accelerator_h200_*.json` whose command leaves
-  `model.scan_layers` and `model.scan_unroll` at their defaults, or sets scan_layers=True:
-  the unrolled and unroll-0 layouts are other programs, with compiles up to 37.9 s);
-  `benchmarks/accelerator.py`'s default shape is the preset's, with a 32k vocabulary where
-  the preset has bytes, so the step is if anything faster here;
-* `forward_over_train` is the grid forward's trace + lower + compile time over the train
-  step's for the preset, both compiled deviceless for one H200 on the CPU host
-  (`benchmarks/aot_compile_time.py --grid-forward`, COMPILE_RESULT; a deviceless compile
-  does not autotune, so the ratio, not the seconds, is carried over); `forwards` counts the grid's
-  compiled programs (one per k1, `moejax.kgrid.forward`) plus the trainer's
-  held-out eval step;
-* a forward is a third of a train step's FLOPs (2N against 6N per token), so the grid's
-  cells run at FORWARD_SPEEDUP × the training tokens/s; CHECKPOINT_S is an allowance (not
-  measured) for writing and reading back the final checkpoint.
+Before the first arm, the probe (device_probe.py) compiles the first arm's train step and
+runs it PROBE_STEPS steps: the first arm's train-step compile is then a cached one, and so
+is every program of a rule's later seeds (the persistent compile cache,
+`train.compile_cache`), planned at `warm_over_cold` of a cold compile. The plan from the
+committed figures counts the probe after the startup; the plan on the device starts from
+the seconds already spent.
 
-A rule's first arm is planned at the full compile; its later seeds run the same programs,
-which the persistent compile cache (`train.compile_cache`) reads back, so their compile is
-planned at `warm_over_cold` of it: the committed time of the preset's train step and grid
-forward read back from that cache over their time compiled, both lowered in one process
-as the study's arms are (`benchmarks/compile_cache_hit.py`, CACHE_RESULT; measured on this
-host's CPU backend, whose compile is the shorter: a GPU compile adds autotuning, which a
-cached program skips). Arms past the budget
-are "beyond plan" and still run when the measured times of the arms before them leave room
-(`device_study.py`).
+The steps (`fit_steps`): the preset's `train.steps` when MIN_SEEDS seeds per rule fit the
+time left at the figures, else the most steps that do (then the first arm's train step is
+compiled again: its schedule has other constants). Never more than the preset's: its tokens
+per run are the study's design; time to spare goes to more seeds, as arms "beyond plan"
+that run when the measured times of the arms before them leave room (`device_study.py`).
+Every arm trains the same steps.
 """
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-import re
+import math
 from typing import NamedTuple
 
-from moejax.config import RunConfig
-from moejax.config import grid_labels
-from moejax.kgrid import cells as cells_lib
+from device_figures import Figures
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
-THROUGHPUT_GLOB = "accelerator_h200_*.json"
-KERNEL = "tokamax"
-OTHER_LAYOUTS = re.compile(r"model\.scan_layers=False|model\.scan_unroll=")  # not the preset's
-COMPILE_RESULT = "device_study_compile_h200_1.json"
-CACHE_RESULT = "compile_cache_hit.json"
+from moejax.config import RunConfig, grid_labels
+from moejax.kgrid import cells as cells_lib
+from moejax.sizing import worksheet
+
 FORWARD_SPEEDUP = 3.0
-CHECKPOINT_S = 10.0
+PROBE_STEPS = 100
+MIN_SEEDS = 2
+STEP_MULTIPLE = 10
 RULES = ("qwen3_moe", "olmoe")  # renormalized, unnormalized: sweep.CORE_RULES
 PLANNED, BEYOND = "planned", "beyond plan"
-
-
-class Measured(NamedTuple):
-  """The committed figures the plan stands on, and the files they come from."""
-
-  tokens_per_s: float
-  train_compile_s: float
-  forward_over_train: float
-  warm_over_cold: float
-  sources: tuple[str, ...]
+TOKENS_OVER_CPU, ACTIVE_OVER_CPU = 20, 5  # the floors the device study is sized for
 
 
 class Arm(NamedTuple):
@@ -82,56 +59,16 @@ class PlannedArm(NamedTuple):
   train_s: float
   compile_s: float
   grid_s: float
+  overhead_s: float
   status: str  # PLANNED | BEYOND
 
   @property
   def total_s(self) -> float:
-    return self.train_s + self.compile_s + self.grid_s
+    return self.train_s + self.compile_s + self.grid_s + self.overhead_s
 
 
-def shape_label(rc: RunConfig) -> str:
-  """The device benchmark's E/K/f label of a config's experts."""
-  return f"{rc.moe.n_experts}/{rc.moe.top_k}/{rc.moe.d_expert}"
-
-
-def throughput(shape: str, results: str = RESULTS) -> tuple[float, float, tuple[str, ...]]:
-  """(lowest tokens/s, highest compile s, files) over the committed H200 rows of `shape`
-  with KERNEL; a ValueError when no row has measured it."""
-  rates, compiles, files = [], [], []
-  for path in sorted(glob.glob(os.path.join(results, THROUGHPUT_GLOB))):
-    with open(path) as f:
-      result = json.load(f)
-    if OTHER_LAYOUTS.search(result.get("command", "")):
-      continue
-    rows = result["figures"]["rows"]
-    hits = [r for r in rows if r.get("E/K/f") == shape and r.get("impl") == KERNEL]
-    hits = [r for r in hits if r.get("tokens_per_s") and r.get("compile_s")]
-    if hits:
-      files.append(os.path.basename(path))
-      rates += [float(r["tokens_per_s"]) for r in hits]
-      compiles += [float(r["compile_s"]) for r in hits]
-  if not rates:
-    raise ValueError(f"no committed H200 {KERNEL} row measures E/K/f {shape} in {results}")
-  return min(rates), max(compiles), tuple(files)
-
-
-def forward_ratio(results: str = RESULTS) -> float:
-  """The grid forward's deviceless compile seconds over the train step's (COMPILE_RESULT)."""
-  with open(os.path.join(results, COMPILE_RESULT)) as f:
-    fig = json.load(f)["figures"]
-  return float(fig["rows"][0]["grid_forward_over_train_step"])
-
-
-def warm_ratio(results: str = RESULTS) -> float:
-  """The preset's programs read back from the compile cache over compiled (CACHE_RESULT)."""
-  with open(os.path.join(results, CACHE_RESULT)) as f:
-    return float(json.load(f)["figures"]["warm_over_cold"])
-
-
-def measured(rc: RunConfig, results: str = RESULTS) -> Measured:
-  rate, compile_s, files = throughput(shape_label(rc), results)
-  sources = files + (COMPILE_RESULT, CACHE_RESULT)
-  return Measured(rate, compile_s, forward_ratio(results), warm_ratio(results), sources)
+def tokens_per_step(rc: RunConfig) -> int:
+  return rc.data.batch_size * rc.data.seq_len
 
 
 def grid_shape(rc: RunConfig, normalizes: bool) -> tuple[int, int]:
@@ -148,28 +85,60 @@ def arms(max_seeds: int, rules: tuple[str, ...] = RULES) -> list[Arm]:
   return [Arm(f"dev-{r}-s{s}", r, s) for s in range(max_seeds) for r in rules]
 
 
-def plan_arm(rc: RunConfig, m: Measured, normalizes: bool, first: bool) -> tuple[float, ...]:
-  """(train, compile, grid) planned seconds of one arm, the first of its rule or a later
-  seed (module docstring)."""
-  d, ev = rc.data, rc.eval
-  train = rc.train.steps * d.batch_size * d.seq_len / m.tokens_per_s
-  cells, forwards = grid_shape(rc, normalizes)
-  compile_s = m.train_compile_s * (1 + (forwards + 1) * m.forward_over_train)
-  compile_s *= 1.0 if first else m.warm_over_cold
-  grid = cells * ev.sequences * d.seq_len / (FORWARD_SPEEDUP * m.tokens_per_s) + CHECKPOINT_S
-  return train, compile_s, grid
+def compile_s(rc: RunConfig, f: Figures, normalizes: bool, arm: Arm, train_cached: bool):
+  """Planned compile seconds of one arm: cold for a rule's first arm (its train step cached
+  when `train_cached`: the probe compiled it), cached for a later seed."""
+  _, k1s = grid_shape(rc, normalizes)
+  train = f.train_compile_s.value
+  forwards = train * (k1s + 1) * f.forward_over_train.value
+  warm = f.warm_over_cold.value
+  if arm.seed > 0:
+    return (train + forwards) * warm
+  cached = train_cached and arm.rule == RULES[0]
+  return train * (warm if cached else 1.0) + forwards
 
 
-def plan(rc: RunConfig, m: Measured, budget_s: float, max_seeds: int, norms: dict) -> list:
-  """Every arm with its planned seconds; PLANNED while the running total fits `budget_s`.
-  `norms`: rule -> whether it normalizes (the `sqrt` cell exists only then)."""
-  out, total = [], 0.0
+def plan_arm(rc: RunConfig, f: Figures, normalizes: bool, arm: Arm, train_cached: bool):
+  """(train, compile, grid, other) planned seconds of one arm."""
+  rate, ev = f.tokens_per_s.value, rc.eval
+  train = rc.train.steps * tokens_per_step(rc) / rate
+  cells, _ = grid_shape(rc, normalizes)
+  grid = cells * ev.sequences * rc.data.seq_len / (FORWARD_SPEEDUP * rate)
+  other = f.setup_s.value + f.checkpoint_s.value
+  return train, compile_s(rc, f, normalizes, arm, train_cached), grid, other
+
+
+def probe_s(rc: RunConfig, f: Figures) -> float:
+  """The probe after the startup, planned: a cold train-step compile and its steps (its build
+  is in the startup)."""
+  return f.train_compile_s.value + PROBE_STEPS * tokens_per_step(rc) / f.tokens_per_s.value
+
+
+def plan(rc, f: Figures, budget_s: float, max_seeds: int, norms: dict, spent_s: float,
+         train_cached: bool = True) -> list[PlannedArm]:  # fmt: skip
+  """Every arm with its planned seconds after `spent_s`; PLANNED while the running total fits
+  `budget_s`. `norms`: rule -> whether it normalizes (the `sqrt` cell exists only then)."""
+  out, total = [], spent_s
   for arm in arms(max_seeds):
-    train, compile_s, grid = plan_arm(rc, m, norms[arm.rule], first=arm.seed == 0)
-    total += train + compile_s + grid
-    status = PLANNED if total <= budget_s else BEYOND
-    out.append(PlannedArm(arm, train, compile_s, grid, status))
+    parts = plan_arm(rc, f, norms[arm.rule], arm, train_cached)
+    total += sum(parts)
+    out.append(PlannedArm(arm, *parts, PLANNED if total <= budget_s else BEYOND))
   return out
+
+
+def fit_steps(rc, f: Figures, left_s: float, norms: dict, seeds: int = MIN_SEEDS):
+  """(steps, train_cached): the preset's steps when `seeds` seeds per rule fit `left_s`, else
+  the most (a multiple of STEP_MULTIPLE) that do, with the first arm's train step compiled
+  again; (None, True) when not even one step does."""
+  keep = plan(rc, f, math.inf, seeds, norms, 0.0, train_cached=True)
+  if sum(p.total_s for p in keep) <= left_s:
+    return rc.train.steps, True
+  fixed = plan(rc, f, math.inf, seeds, norms, 0.0, train_cached=False)
+  train = sum(p.train_s for p in fixed)
+  room = left_s - (sum(p.total_s for p in fixed) - train)
+  per_step = train / rc.train.steps
+  steps = int(room / per_step) // STEP_MULTIPLE * STEP_MULTIPLE if room > 0 else 0
+  return (steps, False) if steps > 0 else (None, True)
 
 
 def seeds_planned(planned: list[PlannedArm]) -> int:
@@ -181,26 +150,75 @@ def seeds_planned(planned: list[PlannedArm]) -> int:
   return min(per_rule.get(r, 0) for r in RULES)
 
 
-def table(planned: list[PlannedArm], m: Measured, budget_s: float) -> str:
-  lines = [
+def params(rc: RunConfig) -> dict:
+  """Non-embedding parameters, total and active per token (`describe`'s convention)."""
+  rc = rc.with_vocab(worksheet.nominal_vocab(rc)[0])
+  return worksheet.worksheet(rc).to_dict()["conventions"]["non_embedding"]
+
+
+def scale_lines(rc: RunConfig, cpu: RunConfig) -> list[str]:
+  """Tokens per run and parameters against the CPU study's, with the floors' verdicts."""
+  p, q = params(rc), params(cpu)
+  tok, cpu_tok = rc.train.steps * tokens_per_step(rc), cpu.train.steps * tokens_per_step(cpu)
+  ok = lambda b: "yes" if b else "NO"
+  return [
     (
-      f"plan (budget {budget_s:.0f} s; {m.tokens_per_s:,.0f} tokens/s and "
-      f"{m.train_compile_s:.1f} s train-step compile from the committed H200 runs, grid "
-      f"forward compile {m.forward_over_train:.2f}x the train step's, a cached seed's "
-      f"{m.warm_over_cold:.2f}x a first; sources: "
-      f"{', '.join(m.sources)}):"
+      f"  tokens per arm: {rc.train.steps:,} steps x {tokens_per_step(rc):,} = "
+      f"{tok / 1e6:.1f}M, {tok / cpu_tok:.1f}x the CPU study's {cpu_tok / 1e6:.2f}M "
+      f"(>= {TOKENS_OVER_CPU}x: {ok(tok >= TOKENS_OVER_CPU * cpu_tok)})"
     ),
-    f"  {'arm':<20}{'train s':>9}{'compile s':>11}{'grid s':>9}{'total s':>9}  status",
+    (
+      f"  non-embedding parameters: {p['total'] / 1e6:.1f}M, {p['active'] / 1e6:.2f}M active "
+      f"per token, {p['active'] / q['active']:.1f}x the CPU study's "
+      f"{q['active'] / 1e6:.2f}M active "
+      f"(>= {ACTIVE_OVER_CPU}x: {ok(p['active'] >= ACTIVE_OVER_CPU * q['active'])})"
+    ),
+    (
+      f"  tokens per parameter: {tok / p['total']:.2f} ({tok / p['active']:.1f} per active "
+      f"one); the CPU study's {cpu_tok / q['total']:.2f} ({cpu_tok / q['active']:.1f})"
+    ),
   ]
-  running = 0.0
+
+
+def table(planned: list[PlannedArm], f: Figures, budget_s: float, spent_s: float) -> str:
+  lines = [f"plan (budget {budget_s:.0f} s; figures for {f.where}):", *f.lines()]
+  lines.append(f"  {'before the first arm':<20}{'':>38}{spent_s:>9.1f}")
+  lines.append(f"  {'arm':<20}{'train s':>9}{'compile s':>11}{'grid s':>9}{'other s':>9}"
+               f"{'total s':>9}  status")  # fmt: skip
+  running = spent_s
   for p in planned:
     running += p.total_s
     lines.append(
       f"  {p.arm.name:<20}{p.train_s:>9.1f}{p.compile_s:>11.1f}{p.grid_s:>9.1f}"
-      f"{running:>9.1f}  {p.status}"
+      f"{p.overhead_s:>9.1f}{running:>9.1f}  {p.status}"
     )
   lines.append(
     f"  {seeds_planned(planned)} seed(s) per rule inside the plan; arms beyond it run when the "
-    "measured time of the rule's last arm leaves room"
+    "measured times of the arms before them leave room"
   )
   return "\n".join(lines)
+
+
+def min_rate(rc, f: Figures, budget_s: float, norms: dict, spent_s: float,
+             seeds: int = MIN_SEEDS) -> float:  # fmt: skip
+  """The tokens/s at which `seeds` seeds per rule just fit `budget_s` at the other figures
+  (train and grid seconds scale as 1 / tokens/s; compiles and overheads do not)."""
+  planned = plan(rc, f, math.inf, seeds, norms, spent_s)
+  fixed = spent_s + sum(p.compile_s + p.overhead_s for p in planned)
+  tokens = sum(p.train_s + p.grid_s for p in planned) * f.tokens_per_s.value
+  return tokens / (budget_s - fixed) if budget_s > fixed else math.inf
+
+
+def steps_line(steps, preset_steps: int, left_s: float, seeds: int = MIN_SEEDS) -> str:
+  """Why every arm trains the steps it does (`fit_steps`'s answer)."""
+  if steps is None:
+    return (
+      f"steps: the preset's {preset_steps:,}; no step count fits {seeds} seeds per rule in the "
+      f"{left_s:.0f} s left: arms run as the time allows"
+    )
+  if steps == preset_steps:
+    return f"steps: {steps:,} (the preset's): {seeds} seeds per rule fit the {left_s:.0f} s left"
+  return (
+    f"steps: {steps:,}, fewer than the preset's {preset_steps:,}: the most with which {seeds} "
+    f"seeds per rule fit the {left_s:.0f} s left"
+  )

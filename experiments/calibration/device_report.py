@@ -3,7 +3,7 @@ beside the CPU study's factor A, every number computed here from the returned fi
 
     python experiments/calibration/device_report.py --results DIR [--out FILE]
 
-DIR holds what one device call returned, unpacked: `plan.json` (the plan, each arm's status
+DIR holds what one run of device_study.py wrote, unpacked: `plan.json` (the plan, each arm's status
 and seconds, and the host, commit and device kind) and `runs/<arm>/{config.json,
 metrics.jsonl, eval/k_grid.jsonl}`. The statistics are the CPU study's own, not written again:
 H1's k2 = K saving and kept fraction (`scale.saving_table`: a seed-level t interval and the
@@ -75,7 +75,40 @@ def sizes(cpu: dict, dev: dict, rule: str) -> list[scale.Size]:
   return out
 
 
-def header(plan: dict, dev: dict) -> list[str]:
+def active_params(run: res.RunResult) -> int:
+  """`resolved.n_active_params` less the token embedding (and the output head when untied)."""
+  m, r = run.config["model"], run.config["resolved"]
+  tables = 1 if m["tie_embeddings"] else 2
+  return int(r["n_active_params"]) - tables * int(r["vocab_size"]) * int(m["d_model"])
+
+
+def per_param(run: res.RunResult) -> str:
+  """Training tokens per non-embedding parameter, and per active one."""
+  tokens = scale.train_tokens(run)
+  per = tokens / scale.non_embedding_params(run)
+  return f"{per:.2f} per non-embedding parameter ({tokens / active_params(run):.1f} per active one)"
+
+
+def scale_line(first: res.RunResult, cpu: dict) -> str:
+  """The device run's tokens and parameters beside the CPU study's factor A."""
+  cpu_run = next((runs[0] for runs in cpu.values() if runs), None)
+  tokens, params = scale.train_tokens(first), scale.non_embedding_params(first)
+  line = (
+    f"* Tokens per parameter: {per_param(first)}: {tokens / 1e6:.1f}M tokens per run over "
+    f"{params / 1e6:.1f}M non-embedding parameters, {active_params(first) / 1e6:.2f}M active"
+  )
+  if cpu_run is None:
+    return line + "; no CPU run to set it beside."
+  c_tokens, c_active = scale.train_tokens(cpu_run), active_params(cpu_run)
+  return line + (
+    f"; the CPU study's factor A: {per_param(cpu_run)} ({c_tokens / 1e6:.2f}M tokens over "
+    f"{scale.non_embedding_params(cpu_run) / 1e6:.2f}M, {c_active / 1e6:.2f}M active): "
+    f"{tokens / c_tokens:.1f}x its tokens per run, {active_params(first) / c_active:.1f}x its "
+    "active parameters."
+  )
+
+
+def header(plan: dict, dev: dict, cpu: dict) -> list[str]:
   h = plan["host"]
   arms = plan["arms"]
   done = [a for a in arms if a["status"] == DONE]
@@ -83,14 +116,16 @@ def header(plan: dict, dev: dict) -> list[str]:
   failed = [f"{a['name']} ({a.get('error', '')})" for a in arms if a["status"] == FAILED]
   first = next(iter(dev.values()))[0] if dev else None
   call = (
-    f"From one device call: `{plan['command']}` on {h['device_kind']} ({h['platform']}, "
+    f"From one run of `{plan['command']}` on {h['device_kind']} ({h['platform']}, "
     f"{h['device_count']} device(s); host {h['cpu']}, {h['cores']} cores), commit "
     f"{h['commit'][:10]}, jax {h['jax']}, {h['date']}. Budget {plan['budget_s']:.0f} s; the "
-    f"call's own time {plan['elapsed_s']:.0f} s. Files: `experiments/calibration/device/` "
+    f"run's own time {plan['elapsed_s']:.0f} s. Files: `experiments/calibration/device/` "
     "(written by `python experiments/calibration/device_report.py`, regenerated with the "
     "README)."
   )
   lines = [TITLE, "", call, ""]
+  if plan.get("steps_reason"):
+    lines.append(f"* Plan: {plan['steps_reason']} (the probe's measured first steps, `plan.json`).")
   if first is not None:
     m, d, t = first.config["model"], first.config["data"], first.config["train"]
     tokens = scale.train_tokens(first)
@@ -104,6 +139,7 @@ def header(plan: dict, dev: dict) -> list[str]:
       f"{t['steps']} steps = {tokens:,} tokens per run; median {rate} tokens/s while training "
       f"(metrics.jsonl); grids on {first.config['eval']['sequences']} held-out sequences."
     )
+    lines.append(scale_line(first, cpu))
   lines.append(
     f"* Arms: {len(done)} done"
     + (f"; skipped (past the budget): {', '.join(skipped)}" if skipped else "")
@@ -165,7 +201,7 @@ def section(results: pathlib.Path, cpu_results: pathlib.Path = CPU_RUNS) -> str:
   plan = load_plan(results)
   dev = device_runs(results, plan)
   cpu = cpu_runs(cpu_results)
-  parts = header(plan, dev) + h1(cpu, dev) + [""] + h2(cpu, dev) + [""] + h10(cpu, dev) + [""]
+  parts = header(plan, dev, cpu) + h1(cpu, dev) + [""] + h2(cpu, dev) + [""] + h10(cpu, dev) + [""]
   text = "\n".join(parts)
   for rule, runs in dev.items():
     text += "\n" + tables.grid_section(f"device {rule}", runs)

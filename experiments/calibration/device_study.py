@@ -1,30 +1,37 @@
-"""The calibration study at accelerator scale, in one device call:
+"""The calibration study at accelerator scale, on one GPU:
 
     python experiments/calibration/device_study.py --out DIR [--budget-s 480] [--seeds 5]
         [--set KEY=VALUE ...] [--config configs/study_calibration.py:device] [--scratch DIR]
+    python experiments/calibration/device_study.py --plan-only [--device h100|h200]
 
 Trains qwen3_moe (renormalized) and olmoe (unnormalized) on `configs/study_calibration.py:
 device`, seed-major (every rule gets seed n before any gets n + 1), and grids each final
 checkpoint at k1 in {8, 4, 2, 1} x k2 in {native, k1, K, E} plus `sqrt` and `gain` (the
-preset's eval.k1/k2). First it prints the plan (`device_plan`: each arm's seconds from the
-committed H200 tokens/s and compile times); then it runs every arm whose time fits what is
-left of `--budget-s` (counted from this process's start, less RESERVE_S for the report):
-the plan's figure until an arm of the same rule has run, that arm's measured time after.
-An arm that does not fit is listed as skipped; one that fails (e.g. diverges) as failed.
+preset's eval.k1/k2). It prints the plan from the committed figures (device_plan.py,
+device_figures.py: what is measured, what is estimated and from what), then measures its own
+first steps (device_probe.py: the first arm's train step compiled and run), fixes every arm's
+step count from them (`device_plan.fit_steps`: the preset's, or fewer where two seeds per
+rule would not fit) and prints that plan and its reason. Then it runs every arm whose time
+fits what is left of `--budget-s` (counted from this process's start, less RESERVE_S for the
+report): the plan's figure until an arm of the same rule has run, that arm's measured time
+after. An arm that does not fit is listed as skipped; one that fails (e.g. diverges) as
+failed. `--plan-only` prints the plan from the committed figures for an H100 and an H200 (or
+the `--device` named) and exits: no device, nothing trained.
 
 In one process: `moejax.train`'s and `moejax.evaluate`'s entry points (`trainer.train`,
 `kgrid.run.run_grid`) called in turn. A process per arm would pay JAX's import, the CUDA
 client's start and the corpus load again for every arm; here they are paid once, and the
-persistent compile cache (`train.compile_cache`, one folder under --scratch) serves a rule's
-later seeds in the same way.
+persistent compile cache (`train.compile_cache`, one folder under --scratch) serves the
+first arm's train step (the probe compiled it) and a rule's later seeds in the same way.
 
-DIR receives four files, rewritten after every arm so a call cut off mid-way still returns
+DIR receives four files, rewritten after every arm so a run cut off mid-way still leaves
 what finished: `runs.tar.gz` (runs/<arm>/{config.json, metrics.jsonl, eval/k_grid.jsonl};
 no checkpoints: they stay under --scratch and are deleted once gridded), `plan.json` (the
-plan, each arm's status and measured seconds, the host, commit and device kind),
-`report.md` (`device_report.section`: H1, H2 and H10 beside the CPU study's factor A) and
-`log.txt`. Unpack runs.tar.gz beside plan.json (experiments/calibration/device/) and
-`python experiments/calibration/report.py` puts the section into the study's README.
+figures, the probe, the steps and why, each arm's status and measured seconds, the host,
+commit and device kind), `report.md` (`device_report.section`: H1, H2 and H10 beside the CPU
+study's factor A) and `log.txt`. Unpack runs.tar.gz beside plan.json
+(experiments/calibration/device/) and `python experiments/calibration/report.py` puts the
+section into the study's README.
 """
 
 from __future__ import annotations
@@ -51,13 +58,16 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
+import device_figures
 import device_plan
+import device_probe
 import device_report
 
 from moejax import cli
 from moejax.errors import UserError
 
 CONFIG = "configs/study_calibration.py:device"
+CPU_CONFIG = "configs/study_calibration.py:cpu"  # the study it is compared with
 RESERVE_S = 20.0  # the report and the archive after the last arm
 KEEP = ("config.json", "metrics.jsonl", "eval/k_grid.jsonl")
 FILES = ("runs.tar.gz", "plan.json", "report.md", "log.txt")
@@ -65,12 +75,21 @@ FILES = ("runs.tar.gz", "plan.json", "report.md", "log.txt")
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--out", required=True, type=pathlib.Path, help="where the 4 files go")
+  p.add_argument("--out", type=pathlib.Path, help="where the 4 files go (required to run)")
   p.add_argument("--budget-s", type=float, default=480.0, help="seconds from start to report")
   p.add_argument("--seeds", type=int, default=5, help="at most this many seeds per rule")
   p.add_argument("--config", default=CONFIG)
   p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
   p.add_argument("--scratch", type=pathlib.Path, default=None, help="checkpoints, cache")
+  p.add_argument(
+    "--plan-only", action="store_true", help="print the plan from the committed figures, exit"
+  )
+  p.add_argument(
+    "--device",
+    choices=sorted(device_figures.SPECS),
+    action="append",
+    help="--plan-only: the device(s) to plan for (default: all of them)",
+  )
   return p
 
 
@@ -122,8 +141,8 @@ def arm_config(base, rule: str, seed: int, cache: pathlib.Path):
 def fit_heldout(base, log) -> None:
   """Fewer evaluated sequences where this Python's stdlib holds out too few windows for the
   grid's sequences plus gain's calibration ones (both come from the held-out split)."""
-  from moejax.data import pipeline  # pylint: disable=import-outside-toplevel
   from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
+  from moejax.data import pipeline  # pylint: disable=import-outside-toplevel
 
   rc = resolve(base)
   have = pipeline.heldout_windows(rc.data, None)[0].shape[0]
@@ -161,9 +180,9 @@ def host_info() -> dict:
 
 def run_arm(cfg, workdir: pathlib.Path, log) -> dict:
   """Train, then grid the final checkpoint; the seconds of each."""
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
   from moejax.kgrid.run import run_grid  # pylint: disable=import-outside-toplevel
   from moejax.training import trainer  # pylint: disable=import-outside-toplevel
-  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
   t0 = time.monotonic()
   summary = trainer.train(resolve(cfg), str(workdir), log=log)
@@ -200,62 +219,186 @@ def pack(results: pathlib.Path, out: pathlib.Path, state: dict) -> None:
 
 
 def expected_s(arm: dict, state: dict) -> float:
-  """The seconds this arm is expected to take: the last measured arm of its rule (a later
-  seed: its programs come from the compile cache); for a rule's first arm, the measured first
-  arm of another rule (the same shape, as many programs to compile); else the plan's."""
+  """The seconds this arm is expected to take: the measured time of the last arm that ran the
+  same programs in the same state (its rule's, both a later seed: read from the compile
+  cache); else its plan scaled by the last arm's measured over planned; else its plan."""
   ran = [a for a in state["arms"] if a.get("measured_s") and a["status"] == device_report.DONE]
-  same = [a for a in ran if a["rule"] == arm["rule"]]
+  same = [a for a in ran if a["rule"] == arm["rule"] and a["seed"] > 0 and arm["seed"] > 0]
   if same:
     return same[-1]["measured_s"]
-  cold = [a for a in ran if a["seed"] == arm["seed"] == 0]
-  return cold[0]["measured_s"] if cold else arm["planned_s"]
+  if ran:
+    return arm["planned_s"] * ran[-1]["measured_s"] / ran[-1]["planned_s"]
+  return arm["planned_s"]
 
 
-def run(args) -> int:
-  args.out.mkdir(parents=True, exist_ok=True)
-  log = Log(args.out / "log.txt")
+def load(args, log) -> tuple:
+  """(the config with --set applied, its resolved RunConfig per rule, rule -> normalizes)."""
   path = args.config if os.path.exists(args.config.partition(":")[0]) else str(REPO / args.config)
   base = cli.load_file(path)
   from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
 
-  preset = resolve(base)  # the plan's figures are measured at the preset's own shape
   for assignment in args.set:
     apply_set(base, assignment)
   resolve(base)  # a bad key or value: one line, before anything trains
   if args.seeds < 1 or args.budget_s <= 0:
     raise UserError("--seeds must be >= 1 and --budget-s > 0")
-  fit_heldout(base, log)
+  if log is not None:
+    fit_heldout(base, log)
   rcs = {r: resolve(arm_config(base, r, 0, pathlib.Path("."))) for r in device_plan.RULES}
-  m = device_plan.measured(preset)
-  if device_plan.shape_label(preset) != device_plan.shape_label(rcs[device_plan.RULES[0]]):
-    log("note: --set changed the expert shape; the plan's seconds are the preset shape's")
-  norms = {r: rc.rule.norm != "none" for r, rc in rcs.items()}
-  budget = args.budget_s - RESERVE_S
-  planned = device_plan.plan(rcs[device_plan.RULES[0]], m, budget, args.seeds, norms)
-  log(device_plan.table(planned, m, budget))
-  scratch = args.scratch or pathlib.Path(tempfile.mkdtemp(prefix="moejax_device_study_"))
-  results, cache = scratch / "results", scratch / "xla_cache"
-  results.mkdir(parents=True, exist_ok=True)
-  state = {
+  return base, rcs, {r: rc.rule.norm != "none" for r, rc in rcs.items()}
+
+
+def cpu_study():
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
+
+  return resolve(cli.load_file(str(REPO / CPU_CONFIG)))
+
+
+def committed_plan(rc, device: str, budget: float, seeds: int, norms: dict, log):
+  """Prints the plan from the committed figures for `device`; its Figures, or None where
+  they cannot support one (said so)."""
+  try:
+    f = device_figures.committed(rc, device)
+  except device_figures.Unsupported as e:
+    log(f"plan for {device}: the committed figures cannot support one: {e}")
+    return None
+  spent = f.startup_s.value + device_plan.probe_s(rc, f)
+  planned = device_plan.plan(rc, f, budget, seeds, norms, spent)
+  log(device_plan.table(planned, f, budget, spent))
+  need = device_plan.min_rate(rc, f, budget, norms, spent)
+  if device_plan.seeds_planned(planned) < device_plan.MIN_SEEDS:
+    log(
+      f"  the committed figures do not hold {device_plan.MIN_SEEDS} seeds per rule at these "
+      "steps in this budget: the probe's measured figures decide on the device"
+    )
+  log(
+    f"  {device_plan.MIN_SEEDS} seeds per rule at these steps need >= {need:,.0f} tokens/s at "
+    f"these compile figures; the estimate is {f.tokens_per_s.value:,.0f} "
+    f"({f.tokens_per_s.value / need:.2f}x). On the device the probe measures it (device_probe.py)."
+  )
+  return f
+
+
+def plan_only(args) -> int:
+  _, rcs, norms = load(args, None)
+  rc, budget = rcs[device_plan.RULES[0]], args.budget_s - RESERVE_S
+  print("\n".join(device_plan.scale_lines(rc, cpu_study())))
+  for device in args.device or sorted(device_figures.SPECS):
+    committed_plan(rc, device, budget, args.seeds, norms, print)
+  return 0
+
+
+def set_steps(base, steps: int) -> None:
+  """Every arm's steps; warmup keeps its share, eval and checkpoint stay at the end."""
+  t = base.train
+  base.optim.warmup_steps = base.optim.warmup_steps * steps // t.steps
+  t.steps = t.eval_every = t.ckpt_every = steps
+
+
+def probe_figures(base, committed, cache: pathlib.Path, kind: str, log):
+  """(Figures from the probe, the probe's dict), or the committed figures and None where
+  the probe failed (said so: the arms then fail or run on their own)."""
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
+
+  rule = device_plan.RULES[0]
+  log(f"probe: {device_plan.PROBE_STEPS} steps of {rule}'s train step, from {elapsed():.0f} s")
+  try:
+    probe = device_probe.probe(resolve(arm_config(base, rule, 0, cache)), device_plan.PROBE_STEPS)
+  except Exception as e:  # noqa: BLE001  (said, and the arms report their own failures)
+    if committed is None:
+      raise UserError(f"the probe failed ({type(e).__name__}: {first_line(e)}) and the "
+                      "committed figures cannot support a plan") from None  # fmt: skip
+    log(f"probe: failed ({type(e).__name__}: {first_line(e)}); the committed figures stay")
+    return committed, None
+  log(
+    f"probe: setup {probe.setup_s:.1f} s, first step {probe.compile_s:.1f} s, "
+    f"{probe.tokens_per_s:,.0f} tokens/s"
+  )
+  return device_figures.measured(probe, kind, elapsed()), probe._asdict()
+
+
+def fix_steps(base, rcs, norms, f, budget: float, log) -> dict:
+  """Every arm's steps from the figures (device_plan.fit_steps), said with the reason."""
+  from moejax.config.reader import resolve  # pylint: disable=import-outside-toplevel
+
+  rc, left = rcs[device_plan.RULES[0]], budget - elapsed()
+  steps, cached = device_plan.fit_steps(rc, f, left, norms)
+  reason = device_plan.steps_line(steps, rc.train.steps, left)
+  log(reason)
+  if steps is not None and steps != rc.train.steps:
+    set_steps(base, steps)
+    rc = resolve(arm_config(base, device_plan.RULES[0], 0, pathlib.Path(".")))
+  cpu = cpu_study()
+  for line in device_plan.scale_lines(rc, cpu):
+    log(line)
+  per_run = lambda c: c.train.steps * device_plan.tokens_per_step(c)
+  if per_run(rc) < device_plan.TOKENS_OVER_CPU * per_run(cpu):
+    log(
+      f"note: below the floor of {device_plan.TOKENS_OVER_CPU}x the CPU study's tokens per run: "
+      "at this device's measured rate the budget holds no more; a larger --budget-s would"
+    )
+  return {"rc": rc, "steps": rc.train.steps, "steps_reason": reason, "train_cached": cached}
+
+
+def initial_state(args, host: dict, figures: dict, fixed: dict, planned: list) -> dict:
+  """plan.json before any arm: the command, the figures, the steps and why, the arms."""
+  arms = [
+    {"name": p.arm.name, "rule": p.arm.rule, "seed": p.arm.seed,
+     "planned_s": round(p.total_s, 1), "plan": p.status, "status": "pending"}
+    for p in planned
+  ]  # fmt: skip
+  return {
     "command": " ".join(["python", "experiments/calibration/device_study.py", *sys.argv[1:]]),
     "budget_s": args.budget_s,
     "reserve_s": RESERVE_S,
-    "measured": m._asdict(),
-    "host": host_info(),
-    "arms": [
-      {
-        "name": p.arm.name,
-        "rule": p.arm.rule,
-        "seed": p.arm.seed,
-        "planned_s": round(p.total_s, 1),
-        "plan": p.status,
-        "status": "pending",
-      }
-      for p in planned
-    ],
+    **figures,
+    "steps": fixed["steps"],
+    "steps_reason": fixed["steps_reason"],
+    "host": host,
+    "arms": arms,
   }
-  log(f"device: {state['host']['device_kind']} ({state['host']['platform']}); scratch {scratch}")
+
+
+def run(args) -> int:
+  if args.plan_only:
+    return plan_only(args)
+  if args.out is None:
+    raise UserError("--out DIR is required (or --plan-only)")
+  args.out.mkdir(parents=True, exist_ok=True)
+  log = Log(args.out / "log.txt")
+  base, rcs, norms = load(args, log)
+  budget = args.budget_s - RESERVE_S
+  host = host_info()
+  kind = host["device_kind"]
+  device = "h100" if "h100" in kind.lower() else "h200"
+  log(f"device: {kind} ({host['platform']}); plan from the committed figures for {device}:")
+  committed = committed_plan(rcs[device_plan.RULES[0]], device, budget, args.seeds, norms, log)
+  scratch = args.scratch or pathlib.Path(tempfile.mkdtemp(prefix="moejax_device_study_"))
+  results, cache = scratch / "results", scratch / "xla_cache"
+  results.mkdir(parents=True, exist_ok=True)
+  f, probe = probe_figures(base, committed, cache, kind, log)
+  fixed = fix_steps(base, rcs, norms, f, budget, log)
+  spent = elapsed()
+  cached = fixed["train_cached"] and probe is not None
+  planned = device_plan.plan(fixed["rc"], f, budget, args.seeds, norms, spent, cached)
+  log(device_plan.table(planned, f, budget, spent))
+  figures = {"committed": figures_dict(committed), "measured": figures_dict(f), "probe": probe}
+  state = initial_state(args, host, figures, fixed, planned)
+  log(f"scratch {scratch}")
   pack(results, args.out, state)
+  run_arms(args, base, state, results, cache, scratch, log)
+  pack(results, args.out, state)
+  log(f"wrote {', '.join(str(args.out / f) for f in FILES)} at {elapsed():.0f} s")
+  return 0
+
+
+def figures_dict(f) -> dict | None:
+  if f is None:
+    return None
+  return {"where": f.where, **{k: v._asdict() for k, v in f._asdict().items() if k != "where"}}
+
+
+def run_arms(args, base, state: dict, results, cache, scratch, log) -> None:
   for arm in state["arms"]:
     left = args.budget_s - RESERVE_S - elapsed()
     need = expected_s(arm, state)
@@ -278,9 +421,6 @@ def run(args) -> int:
     gc.collect()
     pack(results, args.out, state)
     log(f"{arm['name']}: {arm['status']} in {arm['measured_s']:.0f} s (at {elapsed():.0f} s)")
-  pack(results, args.out, state)
-  log(f"wrote {', '.join(str(args.out / f) for f in FILES)} at {elapsed():.0f} s")
-  return 0
 
 
 def main(argv=None) -> None:

@@ -5,7 +5,7 @@
 
 Every number in the README is computed here from `runs/<run>/{config.json, metrics.jsonl,
 eval/**/k_grid.jsonl}`; runs not finished yet are listed as missing, never estimated. Where
-`device/plan.json` exists (a device call's files, `device_study.py`), the section "At
+`device/plan.json` exists (the files of a `device_study.py` run), the section "At
 accelerator scale" is added from `device/` (`device_report.py`); without it, no section.
 """
 
@@ -94,7 +94,7 @@ def build(
     scale.statements(runs),
     accuracy.statements(runs),
   ]
-  device = device_report.section(device_dir, results_dir)  # "" until a device call returned
+  device = device_report.section(device_dir, results_dir)  # "" until a device study has run
   if device:
     parts.append(device)
   core_runs = {rule: group(runs, factor="A", rule=rule) for rule in sweep_file.CORE_RULES}
