@@ -56,10 +56,16 @@ def _tokenizer(src: str, vocab: int) -> None:
   """A word-level tokenizer.json of `vocab` ids (the import needs one; prompts are ids)."""
   import json
 
-  from tokenizers import Tokenizer, models
+  import numpy as np
+  from tokenizers import Tokenizer, models, pre_tokenizers
 
   words = {"<eos>": 0, **{f"w{i}": i for i in range(1, vocab)}}
-  Tokenizer(models.WordLevel(vocab=words, unk_token="<eos>")).save(f"{src}/tokenizer.json")
+  tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<eos>"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tok.save(f"{src}/tokenizer.json")
+  ids = np.random.default_rng(0).integers(1, vocab, size=(40, 200))  # held-out text to import
+  with open(f"{src}/heldout.txt", "w") as f:
+    f.write("\n\n".join(" ".join(f"w{i}" for i in row) for row in ids))
   with open(f"{src}/tokenizer_config.json", "w") as f:
     json.dump({"eos_token": "<eos>"}, f)
 
@@ -101,7 +107,8 @@ def main() -> None:
     src = olmoe_source(root, args.vocab, args.width)
     run = os.path.join(root, "run")
     subprocess.run([sys.executable, "-m", "moejax.hf", "import", src, "--workdir", run,
-                    "--noprogress", "--seq_len", "64", "--sequences", "4"],
+                    "--noprogress", "--seq_len", "64", "--sequences", "4",
+                    "--text", f"{src}/heldout.txt", "--text_docs", "paragraph"],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     bandwidth = speed.copy_bandwidth()
     hf_s = hf_step_s(src, args.vocab, args.repeats)
