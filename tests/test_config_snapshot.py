@@ -52,13 +52,18 @@ def _mixer_sections(where):
   return lambda got: defaults.section_defaults(f"model.{where}")
 
 
-ADDED = {
-  # issues 58 and 61: the token mixer per layer and its sections (GQA everywhere, as before)
+# Issues 58 and 61: the token mixer per layer and its sections, dropped where a config keeps
+# the default (GQA, RMSNorm, as before); a preset that sets them (deepseek_v3, deepseek_v2_lite,
+# qwen3_5_moe and their full twins) keeps them in its snapshot entry, which those issues
+# regenerated from the code that added them (`_generated_mixers` in the JSON).
+ADDED_IF_DEFAULT = {
   **{(*top, "model", "mixers"): "gqa" for top in (("config",), ())},
   **{(*top, "model", "norm"): "rms" for top in (("config",), ())},
   **{(*top, "model", "partial_rotary_factor"): 1.0 for top in (("config",), ())},
   **{(*top, "model", sub): _mixer_sections(sub)
      for top in (("config",), ()) for sub in ("mla", "gated_deltanet")},  # fmt: skip
+}
+ADDED = {
   ("config", "model", "scan_layers"): True,
   ("model", "scan_layers"): True,
   ("config", "model", "scan_unroll"): -1,  # by platform and remat (model.auto_unroll)
@@ -96,6 +101,13 @@ def _without_added(got: dict) -> dict:
       node = node[key]
     want = value(got) if callable(value) else value
     assert node.pop(leaf) == want, path
+  for path, value in ADDED_IF_DEFAULT.items():
+    *parents, leaf = path
+    node = got
+    for key in parents:
+      node = node[key]
+    if node[leaf] == (value(got) if callable(value) else value):
+      node.pop(leaf)
   return got
 
 

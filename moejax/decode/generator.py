@@ -20,7 +20,7 @@ from moejax.build import abstract_transformer
 from moejax.decode.loop import Generated, make_generate
 from moejax.errors import UserError
 from moejax.nn import routing
-from moejax.nn.model import ModelConfig, decode_config, moe_layers
+from moejax.nn.model import ModelConfig, decode_config, moe_layers, preload_kernels
 from moejax.nn.moe import RouterBias
 
 MIN_BUCKET = 8
@@ -53,6 +53,7 @@ class Generator:
     self.n_moe = len(moe_layers(model_cfg))
     self._fns: dict[tuple, object] = {}
     self.calls = 0
+    preload_kernels(self.graphdef, params, router)  # meshless: every platform's
 
   def _fn(self, k1, n_new: int, sample: bool):
     key = (k1, n_new, sample)

@@ -39,7 +39,7 @@ def check_data_files(path: str, name: str) -> None:
   """A task YAML's local `dataset_kwargs.data_files` exist (one line naming the first one
   that does not), when the file names any."""
   if parse_error(path) is not None:
-    raise UserError(f"--tasks {name}: task file {path} does not parse: {parse_error(path)}")
+    raise UserError(f"--tasks {name}: task file does not parse: {parse_error(path)}")
   with open(path, encoding="utf-8") as f:
     doc = yaml.load(f, Loader=_Loader)  # noqa: S506
   files = ((doc.get("dataset_kwargs") or {}).get("data_files")) or {}

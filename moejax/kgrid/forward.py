@@ -18,6 +18,7 @@ from flax import nnx
 from moejax.backend import compile_options
 from moejax.kgrid import masses
 from moejax.nn import routing
+from moejax.nn import model as model_lib
 from moejax.nn.model import moe_biases
 from moejax.nn.moe import RouterOut
 from moejax.nn.overrides import Overrides
@@ -68,6 +69,7 @@ class CellForward:
     self.graphdef, self.params, self.router = graphdef, params, router
     self.n_moe_layers = n_moe_layers
     self._compiled: dict[int, object] = {}
+    model_lib.preload_kernels(graphdef, params, router)  # meshless: every platform's
 
   def compiled(self, k1: int):
     if k1 not in self._compiled:

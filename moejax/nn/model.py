@@ -513,6 +513,15 @@ def decode_segment(seg, stacked: Stack, x_BxLxD, cache_P, at, ov, moe_index, rng
     return jax.lax.scan(body, x_BxLxD, xs, length=R)
 
 
+def preload_kernels(graphdef, params, router) -> None:
+  """Every platform's MoE kernel libraries imported now, before a meshless program (the grid's
+  forwards, the task scorer, decode) traces every `platform_dependent` branch; a model built
+  under the trainer's mesh preloaded only its platform's (`registry.preload`)."""
+  moe = nnx.merge(graphdef, params, router).cfg.moe
+  if moe is not None:
+    registry.preload(moe.impl, moe.dispatch)
+
+
 def decode_config(cfg: ModelConfig) -> ModelConfig:
   """The model config a decode runs (the one place decode's routing is decided): dropless
   dispatch whatever the run trained with, since a generated token must not depend on what

@@ -86,10 +86,10 @@ def test_task_files_checked_before_anything_runs(tmp_path):
   gen = (
     pathlib.Path(good)
     .read_text()
-    .replace("output_type: multiple_choice", "output_type: generate_until")
+    .replace("output_type: multiple_choice", "output_type: loglikelihood_rolling")
   )
-  gen = _yaml(tmp_path, "gen.yaml", gen.replace("task: nextline", "task: gen_only"))
-  with pytest.raises(UserError, match="gen_only is a generate_until task"):
+  gen = _yaml(tmp_path, "ppl.yaml", gen.replace("task: nextline", "task: ppl_only"))
+  with pytest.raises(UserError, match="ppl_only is a perplexity"):
     tasks_lib.load_tasks(gen)
   with pytest.raises(UserError, match="no such file"):
     tasks_lib.load_tasks(str(tmp_path / "missing.yaml"))
