@@ -148,7 +148,9 @@ def rule_keys(rule: routing.MergeRule, base: str) -> dict[str, Any]:
 def to_moejax(hf: dict, fam: fl.Family, where: str) -> dict[str, Any]:
   """`model.*` overrides (nested `moe` and `mla` dicts) reproducing the HF model exactly."""
   check_supported(hf, fam, where)
-  D, H, L = (_get(hf, k, where) for k in ("hidden_size", "num_attention_heads", "num_hidden_layers"))
+  D, H, L = (
+    _get(hf, k, where) for k in ("hidden_size", "num_attention_heads", "num_hidden_layers")
+  )
   first = int(hf.get("first_k_dense_replace") or 0)
   if first >= L:
     _refuse(where, "first_k_dense_replace", first, f"it leaves no MoE layer of {L}")
