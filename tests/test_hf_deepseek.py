@@ -275,6 +275,16 @@ def test_config_translation_gives_each_router_and_attention(case):
   assert mc.mla.q_lora_rank == (cfg.q_lora_rank or 0)
   rope = cfg.rope_parameters
   assert mc.rope_theta == rope["rope_theta"] and mc.mla.rope_type == rope["rope_type"]
+  if case == "v2":  # transformers' V2 router ignores norm_topk_prob, and so does the import
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    cfg.norm_topk_prob = True
+    router = DeepseekV2TopkRouter(cfg)
+    torch.nn.init.normal_(router.weight, std=0.02, generator=torch.Generator().manual_seed(0))
+    _, w_TxK, _ = router(torch.randn(5, COMMON["hidden_size"]))
+    assert (w_TxK.sum(-1) < 0.99).all()  # not renormalized
+    renorm = deepseek.to_moejax(hf | {"norm_topk_prob": True}, fam, "config.json")
+    assert resolve(from_values({"model": renorm})).model.moe.merge_rule == RULES["v2"]
   if rope["rope_type"] == "yarn":
     # the attention's softmax scale: transformers' `scaling` on its own module
     attn = transformers.AutoModelForCausalLM.from_config(cfg).model.layers[0].self_attn
