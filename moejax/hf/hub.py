@@ -50,6 +50,10 @@ def resolve(path: str) -> str:
         "while HF_HUB_OFFLINE is set; download it with HF_HUB_OFFLINE unset (or set HF_HOME to "
         "the cache holding it), or pass a checkpoint directory"
       ) from None
-    raise UserError(f"{path}: cannot fetch it from the Hub ({_first_line(e)})") from None
+    raise UserError(
+      f"{path}: no such directory, and not fetched from the Hub ({_first_line(e)})"
+    ) from None
   except (HfHubHTTPError, HFValidationError, OSError) as e:
-    raise UserError(f"{path}: cannot fetch it from the Hub ({_first_line(e)})") from None
+    raise UserError(
+      f"{path}: no such directory, and not fetched from the Hub ({_first_line(e)})"
+    ) from None
