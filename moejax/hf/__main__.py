@@ -1,4 +1,4 @@
-"""`python -m moejax.hf import PATH --workdir DIR [--text FILES ...] [--noscan_layers]` and
+"""`python -m moejax.hf import PATH|ORG/NAME --workdir DIR [--text FILES ...] [--noscan_layers]` and
 `python -m moejax.hf export --workdir DIR --out OUT [--step N]`."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main() -> int:
     from moejax.hf.importer import import_checkpoint  # pylint: disable=import-outside-toplevel
 
     if len(args) != 2:
-      cli.fail(f"import takes one PATH (a checkpoint directory); {USAGE}")
+      cli.fail(f"import takes one PATH (a checkpoint directory or a Hub id ORG/NAME); {USAGE}")
     opts = {
       "text": _TEXT.value,
       "text_docs": _TEXT_DOCS.value,

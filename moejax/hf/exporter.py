@@ -21,7 +21,7 @@ from tqdm import tqdm
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
-from moejax.hf import hfconfig, runstate, tensors
+from moejax.hf import deepseek_tensors, hfconfig, runstate
 from moejax.training import workdir as workdir_lib
 
 SHARD_BYTES = 4 * 2**30
@@ -117,9 +117,9 @@ def export_run(workdir: str, out: str, step: int | None = None, log=print) -> di
   eos = resolved.get("data", {}).get("tokenizer", {}).get("eos_id")
   hf = hfconfig.to_hf(rc, fam, eos)
   _, state = runstate.abstract(mc)
-  params = runstate.restore_params(workdir, state, step)
+  params = runstate.restore_params(workdir, state, step, router=fam.mla)
   os.makedirs(out, exist_ok=True)
-  named = [(s.hf, s.to_hf(params)) for s in tensors.specs(mc, fam)]
+  named = [(s.hf, s.to_hf(params)) for s in deepseek_tensors.specs_for(fam)(mc, fam)]
   named += list(zero_biases(fam, mc).items())
   weight_map = write_shards(out, named)
   total = int(sum(a.nbytes for _, a in named))

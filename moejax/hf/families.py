@@ -1,4 +1,4 @@
-"""The four transformers MoE families and their config translation, both ways.
+"""The transformers MoE families and their config translation, both ways.
 
 A `Family` records what differs between OLMoE, Qwen3-MoE, Qwen2-MoE and Mixtral in their
 HF modeling code (transformers 5.x, checked against the installed source):
@@ -8,6 +8,8 @@ HF modeling code (transformers 5.x, checked against the installed source):
   biases (Qwen2: `qkv_bias`, default true), rotate-half RoPE with `rope_theta`;
 - Qwen2-MoE adds a shared expert scaled by sigmoid(x·w_g); Qwen2/Qwen3 place dense
   layers with `decoder_sparse_step` and `mlp_only_layers`.
+DeepSeek-V2/V2-Lite and V3/Kimi-K2 (`mla`) differ in attention, router and shared experts
+alike: their translation is `moejax.hf.deepseek`, their tensors `moejax.hf.deepseek_tensors`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Family:
   shared: bool = False  # sigmoid-gated shared expert (Qwen2-MoE)
   sparse_step: bool = False  # decoder_sparse_step / mlp_only_layers
   always_renorm: bool = False  # Mixtral renormalizes whatever the config says
+  mla: bool = False  # DeepSeek: MLA, `shared_experts`, a router bias (moejax.hf.deepseek)
 
 
 FAMILIES: dict[str, Family] = {
@@ -58,9 +61,20 @@ FAMILIES: dict[str, Family] = {
       "mixtral", "mixtral", "MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2"),
       "num_local_experts", "intermediate_size", None, None, always_renorm=True,
     ),
+    Family(
+      "deepseek_v2", "deepseek_v2", "DeepseekV2ForCausalLM", "mlp",
+      ("gate_proj", "up_proj", "down_proj"), "n_routed_experts", "moe_intermediate_size", None,
+      None, mla=True,
+    ),
+    Family(
+      "deepseek_v3", "deepseek_v3", "DeepseekV3ForCausalLM", "mlp",
+      ("gate_proj", "up_proj", "down_proj"), "n_routed_experts", "moe_intermediate_size", None,
+      None, mla=True,
+    ),
   )
 }  # fmt: skip
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
+BY_MODEL_TYPE["kimi_k2"] = FAMILIES["deepseek_v3"]  # Kimi-K2's config.json (DeepSeek-V3's code)
 BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES.values()}
 ALIASES = {"num_experts": ("num_local_experts",), "num_local_experts": ("num_experts",)}
 ATTN_BIAS_WITH_O = ("attention_bias",)  # these keys also put a bias on o_proj

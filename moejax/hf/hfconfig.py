@@ -6,12 +6,16 @@ from typing import Any
 
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
+from moejax.hf import deepseek
 from moejax.hf import families as fl
+from moejax.nn import mixers
 from moejax.nn.model import is_moe_layer
 
 
 def to_moejax(hf: dict, fam: fl.Family, where: str) -> dict[str, Any]:
   """`model.*` overrides (with a nested `moe` dict) reproducing the HF model exactly."""
+  if fam.mla:
+    return deepseek.to_moejax(hf, fam, where)
 
   def get(key: str) -> Any:
     for k in (key, *fl.ALIASES.get(key, ())):
@@ -72,6 +76,8 @@ def choose_family(rc: RunConfig) -> fl.Family:
   """The family that expresses this run's architecture and rule, or a UserError naming the
   field without a counterpart."""
   m = rc.model
+  if "mla" in mixers.pattern(m.mixers):
+    return deepseek.choose_family(rc)
   if m.moe is None:
     _refuse("model.moe_every", 0, "has no counterpart in OLMoE, Qwen3-MoE, Qwen2-MoE or Mixtral")
   rule = m.moe.merge_rule
@@ -110,6 +116,8 @@ def choose_family(rc: RunConfig) -> fl.Family:
 def to_hf(rc: RunConfig, fam: fl.Family, eos_id: int | None) -> dict[str, Any]:
   """The HF config.json of a run whose vocabulary is resolved (transformers 5 keys, plus
   legacy `rope_theta`)."""
+  if fam.mla:
+    return deepseek.to_hf(rc, fam, eos_id)
   m = mc = rc.model
   rule = mc.moe.merge_rule
   dense = [i for i in range(m.n_layers) if not is_moe_layer(mc, i)]

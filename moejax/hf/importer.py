@@ -19,7 +19,7 @@ from moejax import build
 from moejax.data.tokenizer import HFTokenizer
 from moejax.errors import UserError
 from moejax.hf import families as fl
-from moejax.hf import hfconfig, runstate, tensors
+from moejax.hf import deepseek_tensors, fp8, hfconfig, hub, runstate, tensors
 from moejax.config.reader import from_values, resolve
 from moejax.hf.shard import Shard, header
 
@@ -104,22 +104,28 @@ def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool) -> dict[str, lis
   """HF tensor name → the specs it fills; a missing or unexpected tensor is a UserError."""
   fused = tensors.fused_layers(set(where), fam, mc.n_layers)
   by_name: dict[str, list[tensors.Spec]] = {}
-  for spec in tensors.specs(mc, fam, fused):
+  for spec in deepseek_tensors.specs_for(fam)(mc, fam, fused):
     by_name.setdefault(spec.hf, []).append(spec)
   for name in by_name:
     if name not in where:
       raise UserError(f"missing tensor {name} (expected for {fam.architecture})")
   for name, path in where.items():
+    scale = fp8.is_scale(name) and fp8.weight_of(name) in by_name  # read with its weight
     if (
-      name not in by_name and not name.endswith(IGNORED) and not (tied and name == "lm_head.weight")
+      name not in by_name
+      and not name.endswith(IGNORED)
+      and not (tied and name == "lm_head.weight")
+      and not scale
     ):
       raise UserError(f"unexpected tensor {name} in {path}: no counterpart in moejax's model")
   return by_name
 
 
-def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> None:
+def stream(files: list[str], by_name, arrays: dict, progress: bool = True, read=None) -> None:
   """Fills `arrays` from every shard, one tensor at a time (in file order), checking shapes;
-  each tensor is converted to float32 as it is copied into its place, no other copy."""
+  each tensor is converted to float32 as it is copied into its place, no other copy (an
+  FP8 one is dequantized by `read`, an `fp8.Reader`, into one float32 copy first)."""
+  read = read or (lambda shard, name: shard.read(name))
   for path in tqdm(files, desc="import shards", unit="shard", disable=not progress):
     with Shard(path) as shard:
       for name, entry in shard.entries.items():
@@ -130,7 +136,7 @@ def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> No
               f"tensor {name} in {path} has shape {list(entry.shape)}, which does not fit "
               f"moejax's {spec.where()} {list(dest.shape)}"
             )
-        value = shard.read(name) if fills else None
+        value = read(shard, name) if fills else None
         for spec, dest in fills:
           dest[...] = spec.to_moejax(value)
 
@@ -138,10 +144,13 @@ def stream(files: list[str], by_name, arrays: dict, progress: bool = True) -> No
 def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=print) -> dict:
   """Converts `src` into the run directory `workdir`; returns the written config.json."""
   opts = opts or {}
+  src = hub.resolve(src)  # a Hub id: its snapshot in the Hugging Face cache
   hf = read_json(os.path.join(src, "config.json"))
   fam = fl.detect(hf, os.path.join(src, "config.json"))
   config_values(hf, fam, src, opts, "")  # its checks, before anything is written
   files = shard_files(src)
+  block = fp8.block_size(hf, os.path.join(src, "config.json"))
+  fp8.check(files, block)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = "hf:" + copy_tokenizer(src, hf, workdir)
   rc = resolve(from_values(config_values(hf, fam, src, opts, tokenizer)))
@@ -151,11 +160,16 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
       f"{tok.path}: {tok.vocab_size} tokens > the model's vocab_size {rc.model.vocab_size}"
     )
   mc = rc.with_vocab(tok.vocab_size).model  # the checkpoint's vocab, its embedding padded
-  by_name = plan(mc, fam, tensor_index(files), mc.tie_embeddings)
+  where = tensor_index(files)
+  if fam.mla:
+    where = deepseek_tensors.without_mtp(where, mc.n_layers, log)
+  by_name = plan(mc, fam, where, mc.tie_embeddings)
   _, state = runstate.abstract(mc)
   arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
+  arrays.update({p: np.zeros(s, np.float32) for p, s in runstate.router_shapes(state).items()})
   tensors.zero_vocab_padding(mc, arrays)
-  stream(files, by_name, arrays, progress=opts.get("progress", True))
+  read = fp8.Reader(where, block)
+  stream(files, by_name, arrays, progress=opts.get("progress", True), read=read)
   runstate.save(workdir, runstate.fill(state, arrays), {"imported_from": os.path.abspath(src)})
   n_params = build.count_params(state["params"], mc.moe).total
   out = dict(rc.tree)

@@ -51,15 +51,24 @@ def shapes(state: dict) -> dict[Path, tuple[int, ...]]:
   return {param_path(p): tuple(leaf.shape) for p, leaf in flat}
 
 
-def fill(state: dict, arrays: dict[Path, np.ndarray]) -> dict:
-  """Step 0's state: `arrays` as params (not copied), zero router biases."""
+def router_shapes(state: dict) -> dict[Path, tuple[int, ...]]:
+  """Parameter path → shape of every router bias (`…mlp.router.bias`: state, not a
+  parameter; no path is both)."""
+  flat = jax.tree_util.tree_leaves_with_path(state["router"])
+  return {param_path(p): tuple(leaf.shape) for p, leaf in flat}
 
-  def zeros(leaf):
-    return np.zeros(leaf.shape, leaf.dtype)
+
+def fill(state: dict, arrays: dict[Path, np.ndarray]) -> dict:
+  """Step 0's state: `arrays` as params and router biases (not copied); a router bias
+  `arrays` lacks is zero."""
+
+  def router(p, leaf):
+    got = arrays.get(param_path(p))
+    return np.zeros(leaf.shape, leaf.dtype) if got is None else got
 
   params = jax.tree_util.tree_map_with_path(lambda p, _: arrays[param_path(p)], state["params"])
-  router = jax.tree.map(zeros, state["router"])
-  return {"step": np.zeros((), np.int32), "params": params, "router": router}
+  biases = jax.tree_util.tree_map_with_path(router, state["router"])
+  return {"step": np.zeros((), np.int32), "params": params, "router": biases}
 
 
 def _writer(workdir: str) -> ocp.CheckpointManager:
@@ -108,7 +117,13 @@ def restore(workdir: str, state: dict, step: int | None = None) -> tuple[int, di
     mngr.close()
 
 
-def restore_params(workdir: str, state: dict, step: int | None = None) -> dict[Path, np.ndarray]:
-  """Parameter path → float32 numpy array, from the run's checkpoint."""
-  flat = jax.tree_util.tree_leaves_with_path(restore(workdir, state, step)[1]["params"])
+def restore_params(
+  workdir: str, state: dict, step: int | None = None, router: bool = False
+) -> dict[Path, np.ndarray]:
+  """Parameter path → float32 numpy array, from the run's checkpoint; with `router`, the
+  router biases too (export's `e_score_correction_bias`)."""
+  restored = restore(workdir, state, step)[1]
+  flat = jax.tree_util.tree_leaves_with_path(restored["params"])
+  if router:
+    flat += jax.tree_util.tree_leaves_with_path(restored["router"])
   return {param_path(p): np.asarray(leaf, np.float32) for p, leaf in flat}

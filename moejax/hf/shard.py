@@ -22,7 +22,8 @@ import numpy as np
 
 from moejax.errors import UserError
 
-DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+          "F8_E4M3": ml_dtypes.float8_e4m3fn}  # FP8: with block scales (moejax.hf.fp8)  # fmt: skip
 MAX_HEADER = 100 * 2**20  # the safetensors library's own limit
 
 

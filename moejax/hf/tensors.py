@@ -16,6 +16,7 @@ fills the row in place and export reads it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -107,19 +108,29 @@ def _moe(mc: ModelConfig, fam: Family, i: int, fused: bool) -> list[Spec]:
   return out
 
 
-def specs(mc: ModelConfig, fam: Family, fused_layers: frozenset[int] = frozenset()) -> list[Spec]:
+def specs(
+  mc: ModelConfig,
+  fam: Family,
+  fused_layers: frozenset[int] = frozenset(),
+  *,
+  attention: Callable[[ModelConfig, int], list[Spec]] = _attention,
+  moe_extra: Callable[[ModelConfig, Family, int], list[Spec]] | None = None,
+) -> list[Spec]:
   """Every tensor of the HF checkpoint, in HF order, mapped onto moejax's parameters (rows
   of the stacks when `mc.scan_layers`). A padded vocabulary (`mc.padded_vocab`) maps its
-  first `mc.vocab_size` rows: the HF checkpoint holds the real ids only."""
+  first `mc.vocab_size` rows: the HF checkpoint holds the real ids only. `attention` and
+  `moe_extra` (a family's tensors beside router and experts) are a family module's
+  (`moejax.hf.deepseek_tensors`)."""
   padded = mc.padded_vocab > mc.vocab_size
   out = [Spec("model.embed_tokens.weight", ("embed", "embedding"), rows=_rows(mc))]
   for i in range(mc.n_layers):
     p = f"model.layers.{i}."
     out.append(Spec(f"{p}input_layernorm.weight", ("layers", i, "attn_norm", "scale")))
-    out += _attention(mc, i)
+    out += attention(mc, i)
     out.append(Spec(f"{p}post_attention_layernorm.weight", ("layers", i, "mlp_norm", "scale")))
     if is_moe_layer(mc, i):
       out += _moe(mc, fam, i, i in fused_layers)
+      out += moe_extra(mc, fam, i) if moe_extra else []
     else:
       names = ("gate_proj", "up_proj", "down_proj")
       out += _ffn(f"{p}mlp.", ("layers", i, "mlp"), names, mc.d_ff)
