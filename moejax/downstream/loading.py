@@ -87,11 +87,12 @@ def load_task_model(
   check_dtype(dtype)
   tok = run_tokenizer(rc, workdir)
   run = load_run(workdir, rc, step)
+  run = run._replace(params=cast_params(run.params, dtype))  # float32 not kept beside bf16
   source = imported_from(workdir)
   moe_cfg = rc.moe
   scorer = Scorer(
     run.graphdef,
-    cast_params(run.params, dtype),
+    run.params,
     run.router,
     n_moe_layers=run.n_moe_layers,
     seq_len=max_length(rc, source),
