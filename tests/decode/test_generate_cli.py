@@ -44,6 +44,7 @@ def generate(*args):
                         capture_output=True, text=True, env=env, timeout=600, check=False)  # fmt: skip
 
 
+@FULL  # a training and six subprocesses (about a minute); the generator itself is default-tier
 def test_generate_prints_the_prompt_and_the_models_greedy_continuation(workdir):
   from moejax.decode import session as session_lib
   from moejax.kgrid.loading import load_config
