@@ -8,6 +8,7 @@ prompt bucket, n_new, greedy or sampled). k2 and the routed scale stay traced in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -20,7 +21,13 @@ from moejax.build import abstract_transformer
 from moejax.decode.loop import Generated, make_generate
 from moejax.errors import UserError
 from moejax.nn import routing
-from moejax.nn.model import ModelConfig, decode_config, moe_layers, preload_kernels
+from moejax.nn.model import (
+  ModelConfig,
+  decode_config,
+  layer_segments,
+  moe_layers,
+  preload_kernels,
+)
 from moejax.nn.moe import RouterBias
 
 MIN_BUCKET = 8
@@ -36,10 +43,29 @@ def bucket(n: int) -> int:
 
 
 def decode_graphdef(model_cfg: ModelConfig):
-  """The graph of `model_cfg`'s decode model (`model.decode_config`); a run's restored
-  params and router merge into it (decode changes routing options, not parameters)."""
-  model = abstract_transformer(decode_config(model_cfg))
-  return nnx.split(model, nnx.Param, RouterBias)[0]
+  """The graph of `model_cfg`'s decode model (`model.decode_config`, unrolled: see
+  `unrolled_state`); a run's params and router, unrolled, merge into it."""
+  cfg = dataclasses.replace(decode_config(model_cfg), scan_layers=False)
+  return nnx.split(abstract_transformer(cfg), nnx.Param, RouterBias)[0]
+
+
+def unrolled_state(cfg: ModelConfig, state):
+  """A scanned model's state (params or router) in the unrolled layout (`layers.{i}`), each
+  layer its own arrays: a layer's slice of a stacked weight handed to a kernel's custom call
+  is a copy, which in a decode step copied every expert of every layer (all of the model's
+  routed weights, each step). Unrolled, a step reads the experts its kernel reads."""
+  if not cfg.scan_layers:
+    return state
+  segs = layer_segments(cfg)
+  out = []
+  for path, value in nnx.to_flat_state(state):
+    if path[0] != "stacks":
+      out.append((path, value))
+      continue
+    seg, j = segs[int(path[1])], int(path[3])
+    for r in range(seg.repeats):
+      out.append((("layers", seg.layer(r, j), *path[4:]), value.replace(value[...][r])))
+  return nnx.from_flat_state(out)
 
 
 class Generator:
@@ -47,13 +73,14 @@ class Generator:
 
   def __init__(self, model_cfg: ModelConfig, params, router, *, max_length: int,
                batch_size: int = 8, eos_ids: Sequence[int] = ()):  # fmt: skip
-    self.graphdef, self.params, self.router = decode_graphdef(model_cfg), params, router
+    self.graphdef = decode_graphdef(model_cfg)
+    self.params, self.router = unrolled_state(model_cfg, params), unrolled_state(model_cfg, router)
     self.cfg, self.max_length, self.batch_size = model_cfg, max_length, batch_size
     self.eos_ids = tuple(int(t) for t in eos_ids)
     self.n_moe = len(moe_layers(model_cfg))
     self._fns: dict[tuple, object] = {}
     self.calls = 0
-    preload_kernels(self.graphdef, params, router)  # meshless: every platform's
+    preload_kernels(self.graphdef, self.params, self.router)  # meshless: every platform's
 
   def _fn(self, k1, n_new: int, sample: bool):
     key = (k1, n_new, sample)
