@@ -106,7 +106,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "moejax",
     "moejax.errors",
     "moejax.config.__init__",
-    "moejax.config.schema",
+    "moejax.schema",
     "moejax.config.renames",
     "moejax.backend",
     "moejax.runio",
@@ -415,7 +415,7 @@ def test_only_the_config_package_reads_a_configdict():
 
 
 def test_the_config_package_imports_nothing_but_resolves_its_names():
-  """moejax/config/__init__.py runs before `moejax.config.schema` (which `nn` and `data`
+  """moejax/config/__init__.py runs before `moejax.schema` (which `nn` and `data`
   import), so it imports nothing of moejax; its names (config files' `config.base_config()`)
   come from its modules on first use, each the module's own object."""
   init = REPO / "moejax" / "config" / "__init__.py"
@@ -423,7 +423,7 @@ def test_the_config_package_imports_nothing_but_resolves_its_names():
     i.statement for i in imports_of(init) if any(t.startswith(PACKAGE) for t in i.targets)
   ]
   code = (
-    "import sys, moejax.config as c, moejax.config.schema\n"
+    "import sys, moejax.config as c, moejax.schema\n"
     "assert 'moejax.config.reader' not in sys.modules and 'moejax.nn' not in sys.modules\n"
     "import importlib\n"
     "for name, mod in c.EXPORTS.items():\n"

@@ -1,12 +1,12 @@
-"""The run configuration: every key's metadata (`schema`), every section a typed, frozen
+"""The run configuration: every key's metadata (`moejax.schema`, below this package), every section a typed, frozen
 dataclass (`sections`, and the builders' own: ModelConfig, MoEConfig, LossConfig, DataConfig),
 `base_config()` written from them (`defaults`), `reader.resolve` (the one reader of a
 ConfigDict: it checks every key and builds the typed `RunConfig`), the checks that span
 sections (`checks`, the k-grid's `eval.k1`/`eval.k2` labels among them, parsed by
 `grid_labels`) and the keys' table (`table`, docs/config.md).
 
-This file imports nothing: `moejax.nn` and `moejax.data` import `moejax.config.schema` (their
-dataclasses' key metadata), which runs it first, and the modules here import `moejax.nn`.
+This file imports nothing: the modules here import `moejax.nn` and `moejax.data`, which
+import only `moejax.schema` (their dataclasses' key metadata, in the base layer).
 The names below are for config files and scripts (`from moejax import config;
 config.base_config()`), each imported from its module on first use; code in `moejax/`
 imports the module itself (`from moejax.config.reader import resolve`), so that

@@ -12,7 +12,7 @@ from moejax.config import grid_labels, renames
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.kernels import dispatch
-from moejax.config.schema import type_ok
+from moejax.schema import type_ok
 
 
 def check_keys(c: ml_collections.ConfigDict, base: ml_collections.ConfigDict, prefix="") -> None:

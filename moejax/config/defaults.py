@@ -12,7 +12,7 @@ from typing import NamedTuple
 import ml_collections
 from ml_collections import config_dict
 
-from moejax.config import schema
+from moejax import schema
 from moejax.config import sections
 from moejax.config.run import LOSS_FROM_RUN, MOE_FROM_MODEL, RULE_COUNTS, RULE_OVERRIDES
 from moejax.data.config import DataConfig

@@ -1,5 +1,5 @@
 """The run's own sections, `train`, `optim`, `eval`, `wandb` and `mesh`, as typed, frozen
-dataclasses: each key's default, what it allows and its meaning (moejax.config.schema), checked by
+dataclasses: each key's default, what it allows and its meaning (moejax.schema), checked by
 the section itself. The other sections are the dataclasses of what they build:
 `model` (nn.model.ModelConfig), `model.moe` (nn.moe.MoEConfig), `loss` (nn.losses.LossConfig),
 `data` (data.config.DataConfig).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from moejax.errors import UserError
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 
 NONFINITE = ("stop", "skip")
 WANDB_MODES = ("auto", "online", "offline", "disabled")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from moejax.config import schema
+from moejax import schema
 from moejax.config.defaults import SECTIONS, section_defaults
 from moejax.config.run import RULE_COUNTS, RULE_OVERRIDES
 from moejax.errors import UserError
@@ -15,7 +15,7 @@ from moejax.nn.routing import MergeRule
 HEADER = """# Config keys
 
 Every key of a run config, by section, with its type, default, allowed values and meaning.
-Generated from the sections' dataclasses (`moejax/config/schema.py`, `moejax/config/`) by
+Generated from the sections' dataclasses (`moejax/schema.py`, `moejax/config/`) by
 `python -m moejax.config.table > docs/config.md`; `python -m moejax.describe --keys [SECTION]`
 prints the same table. Override any key with `--config.SECTION.KEY=VALUE`.
 """

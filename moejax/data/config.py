@@ -1,5 +1,5 @@
 """`data.*`: the corpus, its tokenizer, the split and the batches, as a typed, frozen dataclass
-(moejax.config.schema); the one place data defaults live (moejax.config.resolve builds it)."""
+(moejax.schema); the one place data defaults live (moejax.config.resolve builds it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 from moejax.data import tokenizer
 from moejax.data.corpora import CORPORA
 from moejax.data.readers import FORMATS, TEXT_DOCS
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 
 
 @dataclasses.dataclass(frozen=True)

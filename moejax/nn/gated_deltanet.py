@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 from moejax.errors import UserError
 from moejax.nn import gated_delta as gd
 from moejax.nn.layers import init_normal

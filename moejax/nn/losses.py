@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from moejax.errors import UserError
 from moejax.nn.balance import BALANCE_CHOICES, BALANCE_CONVENTIONS, GRANULARITIES
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 from moejax.errors import UserError
 from moejax.nn import yarn
 from moejax.nn.layers import RMSNorm, init_normal

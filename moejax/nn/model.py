@@ -25,7 +25,7 @@ from moejax.nn.norms import ZeroCentredRMSNorm
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 
 NORMS = ("rms", "zero_centred")  # `model.norm`
 NORM_CLASSES = {"rms": RMSNorm, "zero_centred": ZeroCentredRMSNorm}

@@ -22,7 +22,7 @@ from moejax.nn import balance, elastic, losses, routing
 from moejax.nn.layers import DTYPES, DenseFFN, gate_up_init, init_normal
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
-from moejax.config.schema import check_fields, key
+from moejax.schema import check_fields, key
 
 
 class RouterBias(nnx.Variable):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.errors import UserError
-from moejax.config.schema import check_fields, coerce, key
+from moejax.schema import check_fields, coerce, key
 
 SCORES = ("softmax", "sigmoid")
 SHARED = ("none", "unit", "sigmoid", "kplus1")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiers import FULL
 
 from moejax.downstream import task_files
 from moejax.downstream import tasks as tasks_lib
@@ -43,7 +42,6 @@ def test_a_missing_data_file_is_named(tmp_path):
     tasks_lib.load_tasks(path)
 
 
-@FULL  # lm-eval indexes its own ~14k task YAMLs first (20 s)
 def test_a_broken_yaml_under_include_path_is_named(tmp_path):
   (tmp_path / "broken.yaml").write_text("task: [unclosed\n")
   with pytest.raises(UserError, match=r"unknown task; --include_path YAML .*broken.yaml does not"):
