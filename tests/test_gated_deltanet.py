@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import FULL
 import torch  # the test extra pins torch and transformers: this file always runs
 import transformers
 from flax import nnx
@@ -92,7 +93,7 @@ def np_close(a, b, tol: float) -> None:
 # ---------------------------------------------------------------- the rule: chunked vs oracle
 
 
-@pytest.mark.parametrize("L", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("L", [*(pytest.param(n, marks=FULL) for n in (1, 63, 64)), 65, pytest.param(200, marks=FULL)])
 def test_chunked_rule_equals_the_sequential_oracle(L: int):
   """Forward within 1e-5, gradients (of q, k, v, a, b and the initial state) within 1e-4."""
   x = raw_inputs(L, L)
@@ -117,7 +118,7 @@ def test_chunked_rule_equals_the_sequential_oracle(L: int):
   assert float(jnp.abs(o_seq).max()) > 0.1  # the outputs are not trivially zero
 
 
-@pytest.mark.parametrize("chunk", [4, 64])
+@pytest.mark.parametrize("chunk", [pytest.param(4, marks=FULL), 64])
 def test_left_padding_leaves_the_state_unchanged(chunk: int):
   """A left-padded row (junk tokens with valid=False) gives the unpadded row's outputs and
   final state: exactly for the sequential rule, within 1e-5 chunked."""
@@ -144,7 +145,7 @@ def test_left_padding_leaves_the_state_unchanged(chunk: int):
   assert float(jnp.abs(o_unmasked[:1, P] - o_one[:, 0]).max()) > 1e-3
 
 
-@pytest.mark.parametrize("L", [65, 100])
+@pytest.mark.parametrize("L", [65, pytest.param(100, marks=FULL)])
 def test_both_rules_match_transformers(L: int):
   """The same raw inputs through transformers' chunked and recurrent torch rules (their
   in-kernel l2norm, grouped value heads, an initial state) and through moejax's."""

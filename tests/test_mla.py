@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import FULL
 import torch  # the test extra pins torch and transformers: this file always runs
 import transformers
 from flax import nnx
@@ -303,6 +304,7 @@ def test_cached_decode_equals_full_forward(q_lora_rank):
   np.testing.assert_array_equal(decode(m, x2)[1, 2:], got[1, 2:])
 
 
+@FULL  # 11 s; the float32 checks stay in the default tier
 def test_bfloat16_forward_and_decode_near_float32():
   cfg = mla_config(rope_parameters(1.0, 1.0), q_lora_rank=12)
   m32, m16 = random_mixer(cfg), random_mixer(cfg, "bfloat16")

@@ -60,7 +60,7 @@ def imported(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-  "fam", [pytest.param(f, marks=() if f == "olmoe" else FULL) for f in ("olmoe", "qwen3_moe", "mixtral")]
+  "fam", [pytest.param(f, marks=FULL) for f in ("olmoe", "qwen3_moe", "mixtral")]
 )
 def test_greedy_ids_equal_transformers_generate(imported, fam):
   model, run, _, _ = imported[fam, True]
