@@ -1,4 +1,4 @@
-"""The four transformers MoE families and their config translation, both ways.
+"""The transformers MoE families and their config translation, both ways.
 
 A `Family` records what differs between OLMoE, Qwen3-MoE, Qwen2-MoE and Mixtral in their
 HF modeling code (transformers 5.x, checked against the installed source):
@@ -8,6 +8,8 @@ HF modeling code (transformers 5.x, checked against the installed source):
   biases (Qwen2: `qkv_bias`, default true), rotate-half RoPE with `rope_theta`;
 - Qwen2-MoE adds a shared expert scaled by sigmoid(x·w_g); Qwen2/Qwen3 place dense
   layers with `decoder_sparse_step` and `mlp_only_layers`.
+The hybrid families (Qwen3.5/3.6-MoE, Qwen3-Next: Gated DeltaNet and gated attention layers,
+zero-centred norms) add what `moejax.hf.qwen3_5` translates.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Family:
   shared: bool = False  # sigmoid-gated shared expert (Qwen2-MoE)
   sparse_step: bool = False  # decoder_sparse_step / mlp_only_layers
   always_renorm: bool = False  # Mixtral renormalizes whatever the config says
+  hybrid: bool = False  # Gated DeltaNet / gated attention layers (moejax.hf.qwen3_5)
 
 
 FAMILIES: dict[str, Family] = {
@@ -57,6 +60,16 @@ FAMILIES: dict[str, Family] = {
     Family(
       "mixtral", "mixtral", "MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2"),
       "num_local_experts", "intermediate_size", None, None, always_renorm=True,
+    ),
+    Family(
+      "qwen3_5_moe", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "mlp",
+      ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size", "head",
+      "attention_bias", shared=True, always_renorm=True, hybrid=True,
+    ),
+    Family(
+      "qwen3_next", "qwen3_next", "Qwen3NextForCausalLM", "mlp",
+      ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size", "head",
+      "attention_bias", shared=True, sparse_step=True, hybrid=True,
     ),
   )
 }  # fmt: skip
