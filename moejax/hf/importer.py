@@ -177,8 +177,9 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   }
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(out, f, indent=2)
+  arch = (source.get("architectures") or [fam.architecture])[0]
   log(
-    f"imported {fam.architecture} ({n_params:,} params, rule {rc.tree['model']['moe']['rule']}, "
+    f"imported {arch} ({n_params:,} params, rule {rc.tree['model']['moe']['rule']}, "
     f"K={mc.moe.top_k} of E={mc.moe.n_experts}) into {workdir}; grid it with "
     f"python -m moejax.evaluate --workdir {workdir}"
   )

@@ -51,7 +51,7 @@ def unwrap(hf: dict, where: str) -> tuple[dict, Layout]:
   text = hf.get("text_config")
   if not isinstance(text, dict):
     raise UserError(f"{where}: {WRAPPER_ARCH} without a text_config; cannot read the text model")
-  eos = text.get("eos_token_id", hf.get("eos_token_id"))
+  eos = text["eos_token_id"] if text.get("eos_token_id") is not None else hf.get("eos_token_id")
   return {**text, "model_type": fl.FAMILIES["qwen3_5_moe"].model_type, "eos_token_id": eos}, WRAPPER
 
 
@@ -149,6 +149,17 @@ def choose(rc: RunConfig, saved: dict) -> tuple[fl.Family, Layout]:
   return fl.FAMILIES[name], (WRAPPER if wrapper else TEXT)
 
 
+def _over_source(text: dict, source: dict) -> dict:
+  """`text` over the imported text config: what moejax does not model (mRoPE sections,
+  max_position_embeddings, special token ids) kept as it was."""
+  out = {**source, **text}
+  out["rope_parameters"] = {**(source.get("rope_parameters") or {}), **text["rope_parameters"]}
+  for key in ("max_position_embeddings", "bos_token_id", "pad_token_id", "eos_token_id"):
+    if source.get(key) is not None:
+      out[key] = source[key]
+  return out
+
+
 def to_hf(rc: RunConfig, fam: fl.Family, eos_id: int | None, layout: Layout,
           saved: dict) -> dict[str, Any]:  # fmt: skip
   """The config.json transformers loads: the causal LM's, or the wrapper's (its other keys,
@@ -192,9 +203,12 @@ def to_hf(rc: RunConfig, fam: fl.Family, eos_id: int | None, layout: Layout,
       norm_topk_prob=m.moe.merge_rule.norm == "sum", decoder_sparse_step=1,
       mlp_only_layers=dense, intermediate_size=m.d_ff if dense else m.moe.d_expert,
     )  # fmt: skip
+  imported = saved.get("resolved", {}).get("hf_import") or {}
+  if imported.get("family") == fam.name:
+    text = _over_source(text, unwrap(imported["config"], "config.json")[0])
   if layout is not WRAPPER:
     return text
-  source = saved["resolved"]["hf_import"]["config"]
-  del text["architectures"]
+  source = imported["config"]
+  text.pop("architectures", None)
   return {**source, "architectures": [WRAPPER_ARCH], "model_type": WRAPPER_TYPE,
           "text_config": text, "tie_word_embeddings": text["tie_word_embeddings"]}  # fmt: skip
