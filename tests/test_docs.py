@@ -265,6 +265,13 @@ RUN_BY_TESTS: dict[str, str] = {
   "python benchmarks/accelerator.py --out runs/bench/accelerator": (
     "tests/test_benchmarks.py::test_cpu_run_writes_every_arm"
   ),
+  "python -m moejax.hf import ckpt/qwen3_6 --workdir runs/qwen3_6 --text 'heldout/*.txt' "
+  "--text_docs paragraph --holdout_fraction 0.5 --seq_len 512 --sequences 256": (
+    "tests/test_hf_qwen3_5.py::test_cli_import_and_task_grid_on_the_wrapper"
+  ),
+  "python -m moejax.evaluate --workdir runs/qwen3_6 --k1 8,4,3,2 --k2 k1,16,native": (
+    "tests/test_hf_qwen3_5.py::test_grid_on_the_imported_wrapper"
+  ),
   # docs/cloud.md
   "python -m launch.sweep experiments/example/sweep.py --backend local --parallel 2": (
     "tests/test_launch.py::test_local_runs_three_in_parallel_and_resumes_the_interrupted_one"

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from moejax.config.run import RunConfig
 from moejax.errors import UserError
 from moejax.hf import families as fl
-from moejax.hf import deepseek_tensors, hfconfig, runstate
+from moejax.hf import deepseek_tensors, hfconfig, qwen3_5, qwen3_5_tensors, runstate, tensors
 from moejax.training import workdir as workdir_lib
 
 SHARD_BYTES = 4 * 2**30
@@ -47,6 +47,19 @@ def zero_biases(fam: fl.Family, mc) -> dict[str, np.ndarray]:
     if not fam.shared and mc.qkv_bias:  # attention_bias=true also biases o_proj
       out[f"{p}o_proj.bias"] = np.zeros(mc.d_model, np.float32)
   return out
+
+
+def hybrid_tensors(mc, fam: fl.Family, params, layout, saved: dict, log) -> list:
+  """A hybrid family's tensors (`qwen3_5_tensors`), with those moejax does not model (the
+  wrapper's vision tower, the MTP head) copied from the imported checkpoint when it is
+  still there."""
+  named = qwen3_5_tensors.assemble(qwen3_5_tensors.specs(mc, fam), params, layout)
+  src = (saved.get("resolved", {}).get("hf_import") or {}).get("source")
+  if src and os.path.isdir(src):
+    named += qwen3_5_tensors.carried(src, layout)
+  elif layout is qwen3_5_tensors.WRAPPER:
+    log(f"{src} is gone: model.visual.* not written (transformers initializes it at random)")
+  return named
 
 
 def write_shards(out: str, named) -> dict[str, str]:
@@ -107,7 +120,8 @@ def write_tokenizer_config(out: str, eos_id: int | None) -> None:
 def export_run(workdir: str, out: str, step: int | None = None, log=print) -> dict:
   """Writes `out`; returns the HF config. A run no family expresses is a UserError."""
   rc, saved = load_run(workdir)
-  fam = hfconfig.choose_family(rc)
+  hybrid = qwen3_5.is_hybrid(rc)
+  fam, layout = qwen3_5.choose(rc, saved) if hybrid else (hfconfig.choose_family(rc), None)
   resolved = saved.get("resolved", {})
   vocab = rc.model.vocab_size or resolved.get("vocab_size")
   if not vocab:
@@ -115,12 +129,15 @@ def export_run(workdir: str, out: str, step: int | None = None, log=print) -> di
   rc = rc.with_vocab(vocab)
   mc = rc.model
   eos = resolved.get("data", {}).get("tokenizer", {}).get("eos_id")
-  hf = hfconfig.to_hf(rc, fam, eos)
+  hf = qwen3_5.to_hf(rc, fam, eos, layout, saved) if hybrid else hfconfig.to_hf(rc, fam, eos)
   _, state = runstate.abstract(mc)
   params = runstate.restore_params(workdir, state, step, router=fam.mla)
   os.makedirs(out, exist_ok=True)
-  named = [(s.hf, s.to_hf(params)) for s in deepseek_tensors.specs_for(fam)(mc, fam)]
-  named += list(zero_biases(fam, mc).items())
+  if hybrid:
+    named = hybrid_tensors(mc, fam, params, layout, saved, log)
+  else:
+    named = [(s.hf, s.to_hf(params)) for s in deepseek_tensors.specs_for(fam)(mc, fam)]
+    named += list(zero_biases(fam, mc).items())
   weight_map = write_shards(out, named)
   total = int(sum(a.nbytes for _, a in named))
   if len(set(weight_map.values())) > 1:
@@ -130,5 +147,5 @@ def export_run(workdir: str, out: str, step: int | None = None, log=print) -> di
   with open(os.path.join(out, "config.json"), "w") as f:
     json.dump(hf, f, indent=2)
   copy_tokenizer(rc, saved, out)
-  log(f"exported {workdir} as {fam.architecture} to {out} ({total / 2**20:.1f} MiB float32)")
+  log(f"exported {workdir} as {hf['architectures'][0]} to {out} ({total / 2**20:.1f} MiB float32)")
   return hf

@@ -10,6 +10,8 @@ HF modeling code (transformers 5.x, checked against the installed source):
   layers with `decoder_sparse_step` and `mlp_only_layers`.
 DeepSeek-V2/V2-Lite and V3/Kimi-K2 (`mla`) differ in attention, router and shared experts
 alike: their translation is `moejax.hf.deepseek`, their tensors `moejax.hf.deepseek_tensors`.
+The hybrid families (Qwen3.5/3.6-MoE, Qwen3-Next: Gated DeltaNet and gated attention layers,
+zero-centred norms) add what `moejax.hf.qwen3_5` translates.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Family:
   sparse_step: bool = False  # decoder_sparse_step / mlp_only_layers
   always_renorm: bool = False  # Mixtral renormalizes whatever the config says
   mla: bool = False  # DeepSeek: MLA, `shared_experts`, a router bias (moejax.hf.deepseek)
+  hybrid: bool = False  # Gated DeltaNet / gated attention layers (moejax.hf.qwen3_5)
 
 
 FAMILIES: dict[str, Family] = {
@@ -70,6 +73,16 @@ FAMILIES: dict[str, Family] = {
       "deepseek_v3", "deepseek_v3", "DeepseekV3ForCausalLM", "mlp",
       ("gate_proj", "up_proj", "down_proj"), "n_routed_experts", "moe_intermediate_size", None,
       None, mla=True,
+    ),
+    Family(
+      "qwen3_5_moe", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "mlp",
+      ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size", "head",
+      "attention_bias", shared=True, always_renorm=True, hybrid=True,
+    ),
+    Family(
+      "qwen3_next", "qwen3_next", "Qwen3NextForCausalLM", "mlp",
+      ("gate_proj", "up_proj", "down_proj"), "num_experts", "moe_intermediate_size", "head",
+      "attention_bias", shared=True, sparse_step=True, hybrid=True,
     ),
   )
 }  # fmt: skip

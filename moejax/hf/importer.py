@@ -19,7 +19,16 @@ from moejax import build
 from moejax.data.tokenizer import HFTokenizer
 from moejax.errors import UserError
 from moejax.hf import families as fl
-from moejax.hf import deepseek_tensors, fp8, hfconfig, hub, runstate, tensors
+from moejax.hf import (
+  deepseek_tensors,
+  fp8,
+  hfconfig,
+  hub,
+  qwen3_5,
+  qwen3_5_tensors,
+  runstate,
+  tensors,
+)
 from moejax.config.reader import from_values, resolve
 from moejax.hf.shard import Shard, header
 
@@ -62,6 +71,7 @@ def config_values(hf: dict, fam: fl.Family, src: str, opts: dict, tokenizer: str
   """The run config's values (over `base_config()`): the HF architecture, the user's
   held-out text, the model's tokenizer."""
   model = hfconfig.to_moejax(hf, fam, os.path.join(src, "config.json"))
+  model.update(qwen3_5.model_keys(hf, fam, os.path.join(src, "config.json")))
   if "scan_layers" in opts:
     model["scan_layers"] = opts["scan_layers"]
   seq_len = opts.get("seq_len", 512)
@@ -100,16 +110,20 @@ def copy_tokenizer(src: str, hf: dict, workdir: str) -> str:
   return os.path.abspath(out)
 
 
-def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool) -> dict[str, list[tensors.Spec]]:
-  """HF tensor name → the specs it fills; a missing or unexpected tensor is a UserError."""
-  fused = tensors.fused_layers(set(where), fam, mc.n_layers)
+def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool,
+         layout: qwen3_5_tensors.Layout = qwen3_5_tensors.PLAIN) -> dict[str, list[tensors.Spec]]:  # fmt: skip
+  """HF tensor name → the specs it fills; a missing or unexpected tensor is a UserError.
+  `layout`: where the model's tensors are, and which others the checkpoint holds."""
+  names = {n: c for n in where if (c := layout.canonical(n)) is not None}  # disk → model name
+  fused = tensors.fused_layers(set(names.values()), fam, mc.n_layers)
+  build = qwen3_5_tensors.specs if fam.hybrid else deepseek_tensors.specs_for(fam)
   by_name: dict[str, list[tensors.Spec]] = {}
-  for spec in deepseek_tensors.specs_for(fam)(mc, fam, fused):
-    by_name.setdefault(spec.hf, []).append(spec)
+  for spec in build(mc, fam, fused):
+    by_name.setdefault(layout.disk(spec.hf), []).append(spec)
   for name in by_name:
     if name not in where:
       raise UserError(f"missing tensor {name} (expected for {fam.architecture})")
-  for name, path in where.items():
+  for name in names:
     scale = fp8.is_scale(name) and fp8.weight_of(name) in by_name  # read with its weight
     if (
       name not in by_name
@@ -117,7 +131,9 @@ def plan(mc, fam: fl.Family, where: dict[str, str], tied: bool) -> dict[str, lis
       and not (tied and name == "lm_head.weight")
       and not scale
     ):
-      raise UserError(f"unexpected tensor {name} in {path}: no counterpart in moejax's model")
+      raise UserError(
+        f"unexpected tensor {name} in {where[name]}: no counterpart in moejax's model"
+      )
   return by_name
 
 
@@ -145,7 +161,8 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   """Converts `src` into the run directory `workdir`; returns the written config.json."""
   opts = opts or {}
   src = hub.resolve(src)  # a Hub id: its snapshot in the Hugging Face cache
-  hf = read_json(os.path.join(src, "config.json"))
+  source = read_json(os.path.join(src, "config.json"))
+  hf, layout = qwen3_5.unwrap(source, os.path.join(src, "config.json"))
   fam = fl.detect(hf, os.path.join(src, "config.json"))
   config_values(hf, fam, src, opts, "")  # its checks, before anything is written
   files = shard_files(src)
@@ -163,7 +180,7 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
   where = tensor_index(files)
   if fam.mla:
     where = deepseek_tensors.without_mtp(where, mc.n_layers, log)
-  by_name = plan(mc, fam, where, mc.tie_embeddings)
+  by_name = plan(mc, fam, where, mc.tie_embeddings, layout)
   _, state = runstate.abstract(mc)
   arrays = {p: np.empty(s, np.float32) for p, s in runstate.shapes(state).items()}
   arrays.update({p: np.zeros(s, np.float32) for p, s in runstate.router_shapes(state).items()})
@@ -178,13 +195,17 @@ def import_checkpoint(src: str, workdir: str, opts: dict | None = None, log=prin
     "vocab_multiple": mc.vocab_multiple,  # the embedding's rows: vocab_size rounded up
     "padded_vocab_size": mc.padded_vocab,
     "n_params": n_params,
-    "hf_import": {"source": os.path.abspath(src), "family": fam.name, "config": hf},
+    "hf_import": {"source": os.path.abspath(src), "family": fam.name, "config": source},
   }
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(out, f, indent=2)
+  arch = (source.get("architectures") or [fam.architecture])[0]
   log(
-    f"imported {fam.architecture} ({n_params:,} params, rule {rc.tree['model']['moe']['rule']}, "
+    f"imported {arch} ({n_params:,} params, rule {rc.tree['model']['moe']['rule']}, "
     f"K={mc.moe.top_k} of E={mc.moe.n_experts}) into {workdir}; grid it with "
     f"python -m moejax.evaluate --workdir {workdir}"
   )
+  skipped = sorted({p for n in where for p in layout.skipped if n.startswith(p)})
+  if skipped:
+    log(f"skipped the tensors under {', '.join(p + '*' for p in skipped)}: not the text model")
   return out
