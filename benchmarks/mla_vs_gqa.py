@@ -1,6 +1,9 @@
-"""CPU training throughput of MLA against its GQA twin of (nearly) equal parameters.
+"""CPU training throughput of a mixer (MLA, or the Gated DeltaNet hybrid) against its GQA twin
+of (nearly) equal parameters.
 
 Run: python benchmarks/mla_vs_gqa.py [--config configs/deepseek_v2_lite.py] [--repeats 5]
+     python benchmarks/mla_vs_gqa.py --config configs/qwen3_5_moe.py --seq_len 2048 \
+       --batch_size 4 --result hybrid_vs_gqa   # issue 58: the hybrid at sequence 2k
 The twin is the same config with `model.mixers=gqa` (head_dim d_model / n_heads) and the
 n_kv_heads, among the divisors of n_heads, whose total parameter count is closest to the MLA
 model's (counted on the abstract models, nothing allocated). Both train steps are built as
@@ -47,11 +50,18 @@ def main() -> None:
   p = argparse.ArgumentParser()
   p.add_argument("--config", default="configs/deepseek_v2_lite.py")
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--seq_len", type=int, default=0, help="data.seq_len (0: the config's)")
+  p.add_argument("--batch_size", type=int, default=0, help="data.batch_size (0: the config's)")
+  p.add_argument("--result", default="mla_vs_gqa", help="benchmarks/results/<name>.json")
   args = p.parse_args()
   load_before = os.getloadavg()
-  arms = {"mla": load(args.config)}
-  if arms["mla"].model.mixers != "mla":
-    raise SystemExit(f"{args.config}: model.mixers={arms['mla'].model.mixers!r}; need mla")
+  arms = {"mla": load(args.config)}  # "mla": the config's own mixers (MLA or the hybrid)
+  if arms["mla"].model.mixers == "gqa":
+    raise SystemExit(f"{args.config}: model.mixers='gqa'; need another mixer to compare")
+  if args.seq_len:
+    arms["mla"].data.seq_len = args.seq_len
+  if args.batch_size:
+    arms["mla"].data.batch_size = args.batch_size
   arms["gqa"] = gqa_twin(arms["mla"])
   params = {k: total_params(c) for k, c in arms.items()}
   built = {k: jitted_step(c) for k, c in arms.items()}
@@ -78,8 +88,11 @@ def main() -> None:
     for k in arms
   ]
   write_result(
-    "mla_vs_gqa",
+    args.result,
     {
+      "mixers": arms["mla"].model.mixers,
+      "seq_len": arms["mla"].data.seq_len,
+      "batch_size": arms["mla"].data.batch_size,
       "rows": rows,
       "tokens_per_s_mla_over_gqa": tps["mla"] / tps["gqa"],
       "params_mla_over_gqa": params["mla"] / params["gqa"],
