@@ -118,7 +118,7 @@ def test_chunked_rule_equals_the_sequential_oracle(L: int):
   assert float(jnp.abs(o_seq).max()) > 0.1  # the outputs are not trivially zero
 
 
-@pytest.mark.parametrize("chunk", [pytest.param(4, marks=FULL), 64])
+@pytest.mark.parametrize("chunk", [pytest.param(4, marks=FULL), pytest.param(64, marks=FULL)])
 def test_left_padding_leaves_the_state_unchanged(chunk: int):
   """A left-padded row (junk tokens with valid=False) gives the unpadded row's outputs and
   final state: exactly for the sequential rule, within 1e-5 chunked."""

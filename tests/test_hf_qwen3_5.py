@@ -139,7 +139,7 @@ def imported(tmp_path_factory):
   return Imported(tmp_path_factory.mktemp("hf35"))
 
 
-CASES = [pytest.param("wrapper", (1, 65), id="wrapper-short")] + [
+CASES = [pytest.param("wrapper", (1, 65), id="wrapper-short", marks=FULL)] + [
   pytest.param(name, LENGTHS, marks=FULL, id=name) for name in CONFIGS
 ]
 

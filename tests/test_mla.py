@@ -290,7 +290,7 @@ def per_row_reference(m: MLAttention, x_BxNxD: np.ndarray) -> list[np.ndarray]:
   return outs
 
 
-@pytest.mark.parametrize("q_lora_rank", [0, 12])
+@pytest.mark.parametrize("q_lora_rank", [pytest.param(0, marks=FULL), 12])
 def test_cached_decode_equals_full_forward(q_lora_rank):
   cfg = mla_config(rope_parameters(0.707, 0.707), q_lora_rank)
   m = random_mixer(cfg)

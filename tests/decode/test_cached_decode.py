@@ -64,7 +64,7 @@ def full_logits(m, row, ov) -> np.ndarray:
   return np.asarray(forward(m.cfg.scan_layers)(jnp.asarray(tokens), ov)[0, : len(row)])
 
 
-DEFAULT_CASES = {("native", False), ("k1=2,k2=4", True)}
+DEFAULT_CASES = {("k1=2,k2=4", True)}
 
 
 @pytest.mark.parametrize(
