@@ -60,7 +60,8 @@ def max_length(rc: RunConfig, source: str | None) -> int:
   path = os.path.join(source, "config.json") if source else ""
   if path and os.path.isfile(path):
     with open(path) as f:
-      n = json.load(f).get("max_position_embeddings")
+      hf = json.load(f)
+    n = (hf.get("text_config") or hf).get("max_position_embeddings")  # a VL wrapper's text model
     if isinstance(n, int) and n > 0:
       return n
   return int(rc.data.seq_len)
