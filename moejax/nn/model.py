@@ -452,18 +452,26 @@ def scan_unroll(cfg: ModelConfig, seg: stack.Segment) -> int:
   return seg.repeats if unroll == 0 else min(unroll, seg.repeats)
 
 
-def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll):
-  """x through `seg.repeats` periods as one `lax.scan`, `unroll` periods a trip; the
-  scanned inputs are each position's parameter rows, its layer indices (layer rngs) and its
-  MoE layers' override rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
+def segment_inputs(seg, stacked: Stack, ov, moe_index):
+  """What a segment's scan takes, for the forward and for decode: each position's graph and
+  stacked state, the layer indices by position and repeat (and transposed, to scan), and
+  each position's MoE override rows."""
   graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
-  R = seg.repeats
-  layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
+  layers_PxR = [[seg.layer(r, j) for r in range(seg.repeats)] for j in range(seg.period)]
   layers_RxP = jnp.asarray(layers_PxR, jnp.int32).T
   rows = tuple(
     ov.rows([moe_index[i] for i in ids]) if seg.moe[j] else (None, None)
     for j, ids in enumerate(layers_PxR)
   )
+  return graphdefs, states, layers_PxR, layers_RxP, rows
+
+
+def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_index, unroll):
+  """x through `seg.repeats` periods as one `lax.scan`, `unroll` periods a trip; the
+  scanned inputs are each position's parameter rows, its layer indices (layer rngs) and its
+  MoE layers' override rows. Returns x and the MoE layers' `RouterOut`s by layer index."""
+  graphdefs, states, layers_PxR, layers_RxP, rows = segment_inputs(seg, stacked, ov, moe_index)
+  R = seg.repeats
 
   def body(x_BxLxD, xs):
     states_P, layer_P, rows_P = xs
@@ -488,14 +496,8 @@ def run_segment(seg, stacked: Stack, call, x_BxLxD, positions_BxL, rng, ov, moe_
 def decode_segment(seg, stacked: Stack, x_BxLxD, cache_P, at, ov, moe_index, rng):
   """A segment at decode: one `lax.scan` over its repeats, each position's parameters and
   cache rows scanned together; returns x and the segment's updated caches."""
-  graphdefs, states = zip(*(nnx.split(b) for b in stacked.blocks))
+  graphdefs, states, layers_PxR, layers_RxP, rows = segment_inputs(seg, stacked, ov, moe_index)
   R = seg.repeats
-  layers_PxR = [[seg.layer(r, j) for r in range(R)] for j in range(seg.period)]
-  layers_RxP = jnp.asarray(layers_PxR, jnp.int32).T
-  rows = tuple(
-    ov.rows([moe_index[i] for i in ids]) if seg.moe[j] else (None, None)
-    for j, ids in enumerate(layers_PxR)
-  )
 
   def body(x_BxLxD, xs):
     states_P, caches_P, layer_P, rows_P = xs
