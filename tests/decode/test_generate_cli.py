@@ -71,6 +71,22 @@ def test_generate_prints_the_prompt_and_the_models_greedy_continuation(workdir):
     assert expect in lines[-1] and "Traceback" not in p.stderr, lines[-1]
 
 
+def test_cell_reads_the_flags_as_the_grid_does_and_refuses_rescalings():
+  """`--k1/--k2` to one (k1, k2): K = 4, E = 8 here, worked by hand; k2 None is native."""
+  from moejax.decode.session import cell
+  from moejax.errors import UserError
+
+  rc = as_run(tiny_config())
+  assert cell(rc, "", "") == (4, None)
+  assert cell(rc, "2", "") == (2, None)
+  assert cell(rc, "2", "E") == (2, 8)
+  assert cell(rc, "2", "k1") == (2, 2)
+  assert cell(rc, "1", "2K") == (1, 8)
+  for k1, k2 in (("99", ""), ("2", "gain"), ("0", "")):
+    with pytest.raises(UserError):
+      cell(rc, k1, k2)
+
+
 def evaluate(*args):
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   return subprocess.run([sys.executable, "-m", "moejax.evaluate", *map(str, args)],

@@ -59,14 +59,27 @@ def imported(tmp_path_factory):
   return test_hf.Imported(tmp_path_factory.mktemp("hf_gen"))
 
 
+def generator(imported, fam):
+  model, run, _, _ = imported[fam, True]
+  r = load_run(str(run), load_config(str(run)), None)
+  cfg = nnx.merge(r.graphdef, r.params, r.router).cfg
+  return model, Generator(cfg, r.params, r.router, max_length=64, batch_size=4, eos_ids=(EOS,))
+
+
+def test_greedy_ids_at_the_trained_k_equal_transformers_generate(imported):
+  """The default tier's case: OLMoE at (K, native), one compile."""
+  model, gen = generator(imported, "olmoe")
+  want, margin = hf_generate(model, test_hf.K)
+  assert margin > 1e-3, f"a near tie: margin {margin}"
+  assert sum(map(len, want)) > 2 * len(PROMPTS), want
+  assert gen.generate(PROMPTS, N_NEW) == want
+
+
 @pytest.mark.parametrize(
   "fam", [pytest.param(f, marks=FULL) for f in ("olmoe", "qwen3_moe", "mixtral")]
 )
 def test_greedy_ids_equal_transformers_generate(imported, fam):
-  model, run, _, _ = imported[fam, True]
-  r = load_run(str(run), load_config(str(run)), None)
-  cfg = nnx.merge(r.graphdef, r.params, r.router).cfg
-  gen = Generator(cfg, r.params, r.router, max_length=64, batch_size=4, eos_ids=(EOS,))
+  model, gen = generator(imported, fam)
   for k1 in (test_hf.K, test_hf.K1):
     want, margin = hf_generate(model, k1)
     assert margin > 1e-3, f"a near tie at k1={k1}: margin {margin}"
