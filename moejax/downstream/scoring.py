@@ -5,7 +5,10 @@ from the left, as lm-eval's HF model): the input is all but its last token. Requ
 inputs are equal (MMLU's one-token choices) share one forward and differ only in the last
 target. Inputs are right-padded to a bucket (a power of two, at most seq_len), one compiled
 forward per (k1, bucket); k2 (`routing.OWN_K2` for the rule's own normalization) and the
-routed scale stay traced inputs.
+routed scale stay traced inputs. The head (final norm, the [D, V] matmul, log_softmax) runs
+on each row's last C positions only, the ones its continuations are scored at (C: a power
+of two covering the bucket's longest continuation), not on the context: at a 32k vocabulary
+the head costs about what the blocks cost per position.
 
 Padding never changes a score: attention is causal, so a position never sees the padding
 after it; a request's bucket depends on its own length only; and where routing couples the
@@ -65,24 +68,42 @@ def couples_tokens(moe_cfg) -> bool:
 
 
 def _make_scores(graphdef, k1: int, rowwise: bool):
-  def logits(params, router, tokens_BxL, ov):
+  def hidden(params, router, tokens_BxL, ov):
     model = nnx.merge(graphdef, params, router)
-    return model(tokens_BxL, train=False, ov=ov)[0].astype(jnp.float32)
+    return model.hidden(tokens_BxL, train=False, ov=ov)[0]
 
-  def scores(params, router, tokens_BxL, last_B, k2, scale_M):
+  def scores(params, router, tokens_BxL, pos_BxC, k2, scale_M):
+    """At positions pos_BxC: log p(the next input token), the argmax, and the whole
+    log-distribution at each row's last position (pos_BxC[:, -1])."""
     ov = Overrides(k=k1, k2=k2, routed_scale=scale_M)
     if rowwise:
-      logits_BxLxV = jax.lax.map(lambda t_L: logits(params, router, t_L[None], ov)[0], tokens_BxL)
+      h_BxLxD = jax.lax.map(lambda t_L: hidden(params, router, t_L[None], ov)[0], tokens_BxL)
     else:
-      logits_BxLxV = logits(params, router, tokens_BxL, ov)
-    logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
-    next_BxL = jnp.concatenate([tokens_BxL[:, 1:], tokens_BxL[:, -1:]], axis=1)
-    logp_next_BxL = jnp.take_along_axis(logp_BxLxV, next_BxL[..., None], axis=-1)[..., 0]
-    greedy_BxL = jnp.argmax(logits_BxLxV, axis=-1).astype(jnp.int32)
-    logp_last_BxV = logp_BxLxV[jnp.arange(tokens_BxL.shape[0]), last_B]
-    return logp_next_BxL, greedy_BxL, logp_last_BxV
+      h_BxLxD = hidden(params, router, tokens_BxL, ov)
+    h_BxCxD = jnp.take_along_axis(h_BxLxD, pos_BxC[..., None], axis=1)
+    logits_BxCxV = nnx.merge(graphdef, params, router).head(h_BxCxD).astype(jnp.float32)
+    logp_BxCxV = jax.nn.log_softmax(logits_BxCxV, axis=-1)
+    L = tokens_BxL.shape[1]
+    next_BxC = jnp.take_along_axis(tokens_BxL, jnp.minimum(pos_BxC + 1, L - 1), axis=1)
+    logp_next_BxC = jnp.take_along_axis(logp_BxCxV, next_BxC[..., None], axis=-1)[..., 0]
+    greedy_BxC = jnp.argmax(logits_BxCxV, axis=-1).astype(jnp.int32)
+    return logp_next_BxC, greedy_BxC, logp_BxCxV[:, -1]
 
   return scores
+
+
+def tail(n: int) -> int:
+  """C, the positions scored per row for continuations of up to n tokens: a power of two."""
+  return 1 << max(n - 1, 0).bit_length()
+
+
+class _Row(NamedTuple):
+  """One input row's scores at its last C positions, from position `start` (may be < 0)."""
+
+  start: int
+  logp_next_C: np.ndarray  # log p(the next input token); the last entry is unused
+  greedy_C: np.ndarray  # argmax ids
+  logp_last_V: np.ndarray  # the log-distribution after the row's last input
 
 
 class _Window(NamedTuple):
@@ -121,8 +142,8 @@ class Scorer:
       self._compiled[k1] = compile_options.jit(_make_scores(self.graphdef, k1, self.rowwise))
     return self._compiled[k1]
 
-  def _run(self, rows: list[tuple[int, ...]]) -> list[tuple[np.ndarray, ...]]:
-    """(logp_next_L, greedy_L, logp_last_V) of each input row, unpadded to its length."""
+  def _run(self, rows: list[tuple[int, ...]], need: list[int]) -> list[_Row]:
+    """Each input row's scores at its last C >= need[i] positions."""
     k1, k2, scale_M = self.cell
     fn = self._fn(k1)
     scale = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
@@ -133,32 +154,36 @@ class Scorer:
     for i, r in enumerate(rows):
       by_bucket.setdefault(bucket(len(r), self.seq_len), []).append(i)
     for L, idx in sorted(by_bucket.items()):
+      C = min(tail(max(need[i] for i in idx)), L)  # one compile per (k1, L, C)
       for start in range(0, len(idx), self.batch_size):
         part = idx[start : start + self.batch_size]
         tokens_BxL = np.full((self.batch_size, L), PAD_ID, np.int32)
-        last_B = np.zeros((self.batch_size,), np.int32)
-        for b, i in enumerate(part):
-          tokens_BxL[b, : len(rows[i])] = rows[i]
-          last_B[b] = len(rows[i]) - 1
-        res = jax.device_get(fn(self.params, self.router, tokens_BxL, last_B, k2_arr, scale_arr))
-        self.forwards += self.batch_size
+        pos_BxC = np.zeros((self.batch_size, C), np.int32)
         for b, i in enumerate(part):
           n = len(rows[i])
-          out[i] = (np.asarray(res[0][b, :n]), np.asarray(res[1][b, :n]), np.asarray(res[2][b]))
+          tokens_BxL[b, :n] = rows[i]
+          pos_BxC[b] = np.maximum(np.arange(n - C, n), 0)
+        res = jax.device_get(fn(self.params, self.router, tokens_BxL, pos_BxC, k2_arr, scale_arr))
+        self.forwards += self.batch_size
+        for b, i in enumerate(part):
+          out[i] = _Row(len(rows[i]) - C, res[0][b], res[1][b], res[2][b])
     return out
 
   def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:
     """(Σ log-prob, is_greedy) of each (context ids, continuation ids)."""
     wins = [window(ctx, cont, self.seq_len) for ctx, cont in requests]
-    unique = list(dict.fromkeys(w.inputs for w in wins))
+    need: dict[tuple[int, ...], int] = {}
+    for w in wins:
+      need[w.inputs] = max(need.get(w.inputs, 0), w.n_cont)
+    unique = list(need)
     row_of = {inp: i for i, inp in enumerate(unique)}
-    results = self._run(unique)
+    results = self._run(unique, [need[u] for u in unique])
     scores = []
     for w in wins:
-      logp_next_L, greedy_L, logp_last_V = results[row_of[w.inputs]]
+      r = results[row_of[w.inputs]]
       n = len(w.inputs)
-      first = n - w.n_cont  # input position whose next token is the continuation's first
-      targets = np.asarray((*w.inputs[first + 1 :], w.last), np.int64)
-      logp = float(np.sum(logp_next_L[first : n - 1], dtype=np.float64) + logp_last_V[w.last])
-      scores.append(Score(logp, bool(np.all(greedy_L[first:n] == targets))))
+      j = n - w.n_cont - r.start  # the tail index of the continuation's first position
+      targets = np.asarray((*w.inputs[n - w.n_cont + 1 :], w.last), np.int64)
+      logp = float(np.sum(r.logp_next_C[j:-1], dtype=np.float64) + r.logp_last_V[w.last])
+      scores.append(Score(logp, bool(np.all(r.greedy_C[j:] == targets))))
     return scores

@@ -288,7 +288,22 @@ class Transformer(nnx.Module):
     ov: Overrides = NO_OVERRIDES,
     step: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[int, RouterOut]]:
-    """Float32 logits [B, L, V] and the `RouterOut` of each MoE layer, by layer index.
+    """Float32 logits [B, L, V] and the `RouterOut` of each MoE layer, by layer index:
+    `head(hidden(...))`."""
+    x_BxLxD, routers = self.hidden(tokens_BxL, train=train, rng=rng, ov=ov, step=step)
+    return self.head(x_BxLxD), routers
+
+  def hidden(
+    self,
+    tokens_BxL: jax.Array,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    ov: Overrides = NO_OVERRIDES,
+    step: jax.Array | None = None,
+  ) -> tuple[jax.Array, dict[int, RouterOut]]:
+    """The last block's output [B, L, D] (before the final norm) and the `RouterOut` of each
+    MoE layer, by layer index; `head` maps any positions of it to logits.
 
     At eval without `rng`, routing randomness (GShard's random second expert) uses a fixed
     seed, so evaluations are reproducible. `ov` (`moejax.nn.overrides`, model level): the
@@ -304,8 +319,7 @@ class Transformer(nnx.Module):
     if k_MxBxL is not None:
       ov = dataclasses.replace(ov, train_k=k_MxBxL)
     run = self._scanned if self.cfg.scan_layers else self._unrolled
-    x_BxLxD, routers = run(x_BxLxD, positions_BxL, train, rng, ov)
-    return self._head(x_BxLxD), routers
+    return run(x_BxLxD, positions_BxL, train, rng, ov)
 
   def init_cache(self, batch: int, max_len: int):
     """Every mixer's decode state for `batch` rows of `max_len` slots (`moejax.nn.mixer`):
@@ -336,15 +350,16 @@ class Transformer(nnx.Module):
         lov = ov.with_per_layer(*rows)
         x_BxLxD, c = block.decode(x_BxLxD, at, c, lov, jax.random.fold_in(rng, i))
         new.append(c)
-      return self._head(x_BxLxD), tuple(new)
+      return self.head(x_BxLxD), tuple(new)
     new = []
     for seg, stacked, c in zip(layer_segments(self.cfg), self.stacks, cache):
       x_BxLxD, c = decode_segment(seg, stacked, x_BxLxD, c, at, ov, index, rng)
       new.append(c)
-    return self._head(x_BxLxD), tuple(new)
+    return self.head(x_BxLxD), tuple(new)
 
-  def _head(self, x_BxLxD):
-    """Final norm and the (tied or untied) head: float32 logits, padded ids masked."""
+  def head(self, x_BxLxD):
+    """Final norm and the (tied or untied) head: float32 logits, padded ids masked. Per
+    position, so it may be given any positions of `hidden`'s output ([B, C, D])."""
     cdt = jnp.dtype(self.cfg.dtype)
     h_BxLxD = self.final_norm(x_BxLxD).astype(cdt)
     if self.lm_head is None:
