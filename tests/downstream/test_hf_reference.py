@@ -2,7 +2,8 @@
 transformers and imported with `moejax.hf import`, and a Mixtral whose tokenizer prepends BOS
 (a Llama-style post-processor); per-item log-likelihoods of every choice of a local
 multiple-choice task against lm-eval's own HF model (`simple_evaluate(model="hf")`) at the
-native cell and at (k1, native) (transformers' config at num_experts_per_tok=k1)."""
+native cell and at (k1, native) (transformers' config at num_experts_per_tok=k1); a 3-shot task
+scored twice as the grid scores two cells, against lm-eval's HF model at its default seed."""
 
 from __future__ import annotations
 
@@ -146,3 +147,74 @@ def test_generation_responses_match_lm_eval_hf(fam, tmp_path):
   assert sorted(got) == sorted(want) and len(want) == 20  # 10 items x 2 filters
   assert got == want
   assert len({r for r, _, _ in want.values()}) > 1  # responses differ: a real comparison
+
+
+def _fewshot_task(tmp_path, name: str) -> str:
+  """A 3-shot multiple-choice task drawing its shots from a 12-document train split, with a
+  description; short enough (under 64 characters a request) that nothing is truncated."""
+  rng = np.random.default_rng(1)
+  words = ["the", "fox", "it", "over", "dog"]
+  for split, n in (("train", 12), ("test", 8)):
+    rows = [{"q": f"{i} {rng.choice(words)}", "choices": list(rng.choice(words, 3, replace=False)),
+             "gold": int(rng.integers(0, 3))} for i in range(n)]  # fmt: skip
+    (tmp_path / f"{name}_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  yaml = tmp_path / f"{name}.yaml"
+  yaml.write_text(
+    f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+    f"    train: {tmp_path / f'{name}_train.jsonl'}\n    test: {tmp_path / f'{name}_test.jsonl'}\n"
+    "fewshot_split: train\ntest_split: test\nnum_fewshot: 3\n"
+    'description: "mc:\\n"\noutput_type: multiple_choice\ndoc_to_text: q\n'
+    "doc_to_choice: choices\ndoc_to_target: gold\nmetric_list:\n  - metric: acc\n"
+  )
+  return str(yaml)
+
+
+def _prompts(samples) -> list[list[str]]:
+  """Each item's contexts, one per choice, in doc order."""
+  return [[a[0] for a in s["arguments"]] for s in sorted(samples, key=lambda s: s["doc_id"])]
+
+
+@FULL
+def test_fewshot_logliks_match_lm_eval_hf_at_its_default_seed(tmp_path):
+  """A 3-shot task scored twice as the grid scores two cells (grid._evaluate on the same Task
+  objects, seeded by fewshot.py) gives identical prompts and log-likelihoods, and both equal
+  lm-eval's HF model under simple_evaluate's default seeds; another --fewshot_seed does not."""
+  import lm_eval
+  import test_hf
+
+  from moejax.downstream import fewshot, grid, scoring
+  from moejax.downstream import tasks as tasks_lib
+  from moejax.downstream.lm import MoejaxLM
+  from moejax.kgrid.loading import load_config
+
+  _, run, _, src = test_hf.Imported(tmp_path)["olmoe", True]
+  tok_cfg = json.loads((src / "tokenizer_config.json").read_text())  # as the 0-shot test
+  (src / "tokenizer_config.json").write_text(
+    json.dumps(tok_cfg | {"tokenizer_class": "PreTrainedTokenizerFast"})
+  )
+  name = "shots_olmoe"
+  yaml = _fewshot_task(tmp_path, name)
+  ref = lm_eval.simple_evaluate(
+    model="hf", model_args={"pretrained": str(src), "dtype": "float32", "device": "cpu"},
+    tasks=[yaml], batch_size=1, log_samples=True, bootstrap_iters=0,
+  )  # fmt: skip
+  want = ref["samples"][name]
+  want_ll, want_acc = _logliks(want)
+  assert all(p.startswith("mc:\n") and p.count("\n\n") == 3 for ps in _prompts(want) for p in ps)
+  tm = loading.load_task_model(str(run), load_config(str(run)), step=None)
+  lm = MoejaxLM(tm.scorer, tm.tokenizer, tm.encoding)
+  tasks = tasks_lib.load_tasks(yaml)
+  fewshot.set_num_fewshot(tasks, None)  # the YAML's num_fewshot, as run_task_grid
+  task = tasks[name]
+  passes = []
+  for _ in range(2):  # two cells of a grid: the same Task objects, the same native cell
+    tm.scorer.cell = scoring.Cell(test_hf.K)
+    passes.append(grid._evaluate(lm, name, task, None, fewshot.FEWSHOT_SEED, False))
+  (ll1, acc1), (ll2, _) = _logliks(passes[0]), _logliks(passes[1])
+  assert _prompts(passes[0]) == _prompts(passes[1])
+  np.testing.assert_array_equal(ll1, ll2)
+  assert _prompts(passes[0]) == _prompts(want)  # lm-eval's shots, description and delimiters
+  np.testing.assert_allclose(ll1, want_ll, rtol=1e-5, atol=1e-4)
+  np.testing.assert_array_equal(acc1, want_acc)
+  other = grid._evaluate(lm, name, task, None, 7, False)  # the seed is what picks the shots
+  assert sum(a != b for a, b in zip(_prompts(other), _prompts(want), strict=True)) >= 1
