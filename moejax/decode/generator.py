@@ -8,27 +8,23 @@ prompt bucket, n_new, greedy or sampled). k2 and the routed scale stay traced in
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from moejax.backend import compile_options
-from moejax.build import abstract_transformer
 from moejax.decode.loop import Generated, make_generate
 from moejax.errors import UserError
+from moejax.kgrid.unrolled import unrolled_graphdef, unrolled_state
 from moejax.nn import routing
 from moejax.nn.model import (
   ModelConfig,
   decode_config,
-  layer_segments,
   moe_layers,
   preload_kernels,
 )
-from moejax.nn.moe import RouterBias
 
 MIN_BUCKET = 8
 PAD_ID = 0  # left padding: masked from every query, never written to a recurrent state
@@ -44,28 +40,8 @@ def bucket(n: int) -> int:
 
 def decode_graphdef(model_cfg: ModelConfig):
   """The graph of `model_cfg`'s decode model (`model.decode_config`, unrolled: see
-  `unrolled_state`); a run's params and router, unrolled, merge into it."""
-  cfg = dataclasses.replace(decode_config(model_cfg), scan_layers=False)
-  return nnx.split(abstract_transformer(cfg), nnx.Param, RouterBias)[0]
-
-
-def unrolled_state(cfg: ModelConfig, state):
-  """A scanned model's state (params or router) in the unrolled layout (`layers.{i}`), each
-  layer its own arrays: a layer's slice of a stacked weight handed to a kernel's custom call
-  is a copy, which in a decode step copied every expert of every layer (all of the model's
-  routed weights, each step). Unrolled, a step reads the experts its kernel reads."""
-  if not cfg.scan_layers:
-    return state
-  segs = layer_segments(cfg)
-  out = []
-  for path, value in nnx.to_flat_state(state):
-    if path[0] != "stacks":
-      out.append((path, value))
-      continue
-    seg, j = segs[int(path[1])], int(path[3])
-    for r in range(seg.repeats):
-      out.append((("layers", seg.layer(r, j), *path[4:]), value.replace(value[...][r])))
-  return nnx.from_flat_state(out)
+  `moejax.kgrid.unrolled`); a run's params and router, unrolled, merge into it."""
+  return unrolled_graphdef(decode_config(model_cfg))
 
 
 class Generator:

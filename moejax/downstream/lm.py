@@ -22,7 +22,6 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.models import utils as model_utils
 
 from moejax.decode.generator import Generator
-
 from moejax.downstream import encoding as encoding_lib
 from moejax.downstream.scoring import Scorer
 from moejax.errors import UserError

@@ -18,6 +18,7 @@ from moejax.downstream import encoding as encoding_lib
 from moejax.downstream.scoring import Scorer
 from moejax.errors import UserError
 from moejax.kgrid.loading import EvalRun, load_run
+from moejax.kgrid.unrolled import unrolled
 from moejax.training import workdir as workdir_lib
 
 DTYPES = ("float32", "bfloat16")
@@ -87,7 +88,7 @@ def load_task_model(
   """The run's checkpoint `step` (None: the latest) behind a Scorer, and its tokenizer."""
   check_dtype(dtype)
   tok = run_tokenizer(rc, workdir)
-  run = load_run(workdir, rc, step)
+  run = unrolled(load_run(workdir, rc, step))  # a forward's layout (`kgrid.unrolled`)
   run = run._replace(params=cast_params(run.params, dtype))  # float32 not kept beside bf16
   source = imported_from(workdir)
   moe_cfg = rc.moe

@@ -3,23 +3,27 @@
 A request is scored on its window `(context + continuation)[-(seq_len + 1):]` (truncation
 from the left, as lm-eval's HF model): the input is all but its last token. Requests whose
 inputs are equal (MMLU's one-token choices) share one forward and differ only in the last
-target. Inputs are right-padded to a bucket (a power of two, at most seq_len), one compiled
-forward per (k1, bucket); k2 (`routing.OWN_K2` for the rule's own normalization) and the
+target. Inputs are right-padded to a bucket (8, 12, 16, 24, 32, 48, ...: at most a third
+of a row is padding; at most seq_len), one compiled forward per (k1, bucket); k2 (`routing.OWN_K2` for the rule's own normalization) and the
 routed scale stay traced inputs. The head (final norm, the [D, V] matmul, log_softmax) runs
 on each row's last C positions only, the ones its continuations are scored at (C: a power
 of two covering the bucket's longest continuation), not on the context: at a 32k vocabulary
 the head costs about what the blocks cost per position.
 
-Padding never changes a score: attention is causal, so a position never sees the padding
-after it; a request's bucket depends on its own length only; and where routing couples the
-tokens of a call (capacity dispatch's per-group slots, GShard's eval draw of the second
-expert), every row runs as its own call (`lax.map`), so its score does not depend on what it
-is batched with.
+Rows run longest first in calls of `batch_size`, each padded to the bucket of its longest
+row (lm-eval's HF model pads a length-sorted batch to its longest). Padding never changes a
+score beyond float rounding: attention is causal, so a position never sees the padding after
+it, and dropless routing is per token. Where routing couples the tokens of a call (capacity
+dispatch's per-group slots, whose capacity follows the padded length; GShard's eval draw of
+the second expert), every row runs as its own call (`lax.map`) padded to its own bucket, so
+its score does not depend on what it is batched with.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent import futures
 from typing import NamedTuple
 
 import jax
@@ -51,12 +55,22 @@ class Cell(NamedTuple):
 
 
 def bucket(n: int, seq_len: int) -> int:
-  """The padded length of an input of n tokens: the next power of two >= n (>= MIN_BUCKET),
-  at most seq_len."""
+  """The padded length of an input of n tokens: the next of 8, 12, 16, 24, 32, 48, ...
+  (powers of two and 1.5 times them) >= n, at most seq_len."""
   b = MIN_BUCKET
   while b < n:
-    b *= 2
+    b = b * 3 // 2 if b & (b - 1) == 0 else b // 3 * 4
   return min(b, seq_len)
+
+
+def batches(lengths: Sequence[int], batch_size: int, seq_len: int, *, own: bool) -> list[list[int]]:
+  """Row indices in calls of at most batch_size, longest first, so a call pads little. `own`:
+  a call holds rows of one bucket only (each row's padded length is its own bucket's)."""
+  order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+  groups: dict[int, list[int]] = {}
+  for i in order:
+    groups.setdefault(bucket(lengths[i], seq_len) if own else 0, []).append(i)
+  return [g[s : s + batch_size] for g in groups.values() for s in range(0, len(g), batch_size)]
 
 
 def couples_tokens(moe_cfg) -> bool:
@@ -133,37 +147,46 @@ class Scorer:
     self.n_moe_layers, self.seq_len, self.batch_size = n_moe_layers, seq_len, batch_size
     self.rowwise = couples_tokens(moe_cfg)
     self.cell = Cell(k1=moe_cfg.top_k if moe_cfg is not None else 1)
-    self._compiled: dict[int, object] = {}
-    self.forwards = 0
-    model_lib.preload_kernels(graphdef, params, router)  # meshless: every platform's  # padded rows run, for the tests of sharing
+    self._compiled: dict[tuple[int, int, int], object] = {}  # (k1, L, C) -> executable
+    self.forwards = 0  # padded rows run, for the tests of sharing
+    model_lib.preload_kernels(graphdef, params, router)  # meshless: every platform's
 
-  def _fn(self, k1: int):
-    if k1 not in self._compiled:  # jit caches one executable per bucket shape
-      self._compiled[k1] = compile_options.jit(_make_scores(self.graphdef, k1, self.rowwise))
-    return self._compiled[k1]
+  def _compile(self, k1: int, shapes: list[tuple[int, int]], args) -> None:
+    """The compiled forwards of (k1, L, C) for each (L, C) in shapes not yet compiled: traced
+    here one after another, compiled by XLA at once on a thread each (a compile is one
+    thread's work, and a first pass over a task needs one per padded length)."""
+    todo = [sh for sh in dict.fromkeys(shapes) if (k1, *sh) not in self._compiled]
+    if not todo:
+      return
+    fn = compile_options.jit(_make_scores(self.graphdef, k1, self.rowwise))
+    lowered = [fn.lower(self.params, self.router, np.zeros((self.batch_size, L), np.int32),
+                        np.zeros((self.batch_size, C), np.int32), *args) for L, C in todo]  # fmt: skip
+    with futures.ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+      for sh, compiled in zip(todo, pool.map(lambda lo: lo.compile(), lowered)):
+        self._compiled[(k1, *sh)] = compiled
 
   def _run(self, rows: list[tuple[int, ...]], need: list[int]) -> list[_Row]:
     """Each input row's scores at its last C >= need[i] positions."""
     k1, k2, scale_M = self.cell
-    fn = self._fn(k1)
     scale = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
-    k2_arr = jnp.int32(routing.OWN_K2 if k2 is None else k2)
-    scale_arr = jnp.asarray(scale, jnp.float32)
+    args = (jnp.int32(routing.OWN_K2 if k2 is None else k2), jnp.asarray(scale, jnp.float32))
+    by_len: dict[int, list[list[int]]] = {}  # padded length -> its calls
+    for part in batches([len(r) for r in rows], self.batch_size, self.seq_len, own=self.rowwise):
+      by_len.setdefault(bucket(len(rows[part[0]]), self.seq_len), []).append(part)
+    # C: the positions scored per row, covering the longest continuation at that length
+    tails = {L: min(tail(max(need[i] for p in parts for i in p)), L) for L, parts in by_len.items()}
+    self._compile(k1, sorted(tails.items()), args)
     out: list = [None] * len(rows)
-    by_bucket: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-      by_bucket.setdefault(bucket(len(r), self.seq_len), []).append(i)
-    for L, idx in sorted(by_bucket.items()):
-      C = min(tail(max(need[i] for i in idx)), L)  # one compile per (k1, L, C)
-      for start in range(0, len(idx), self.batch_size):
-        part = idx[start : start + self.batch_size]
+    for L, parts in sorted(by_len.items()):
+      C, fn = tails[L], self._compiled[(k1, L, tails[L])]
+      for part in parts:
         tokens_BxL = np.full((self.batch_size, L), PAD_ID, np.int32)
         pos_BxC = np.zeros((self.batch_size, C), np.int32)
         for b, i in enumerate(part):
           n = len(rows[i])
           tokens_BxL[b, :n] = rows[i]
           pos_BxC[b] = np.maximum(np.arange(n - C, n), 0)
-        res = jax.device_get(fn(self.params, self.router, tokens_BxL, pos_BxC, k2_arr, scale_arr))
+        res = jax.device_get(fn(self.params, self.router, tokens_BxL, pos_BxC, *args))
         self.forwards += self.batch_size
         for b, i in enumerate(part):
           out[i] = _Row(len(rows[i]) - C, res[0][b], res[1][b], res[2][b])

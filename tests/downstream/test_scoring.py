@@ -124,7 +124,12 @@ def test_cell_changes_the_score():
 
 
 def test_bucket_and_window():
-  assert [scoring.bucket(n, 32) for n in (1, 8, 9, 17, 32)] == [8, 8, 16, 32, 32]
+  assert [scoring.bucket(n, 32) for n in (1, 8, 9, 13, 17, 25, 32)] == [8, 8, 12, 16, 24, 32, 32]
+  assert [scoring.bucket(n, 4096) for n in (49, 65, 97, 129, 3000)] == [64, 96, 128, 192, 3072]
   assert scoring.bucket(100, 48) == 48
+  assert [scoring.tail(n) for n in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
+  # longest first; `own`: a call never mixes buckets (8: 3, 5; 12: 9; 16: 13, 14)
+  assert scoring.batches([3, 9, 14, 5, 13], 2, 32, own=False) == [[2, 4], [1, 3], [0]]
+  assert scoring.batches([3, 9, 14, 5, 13], 2, 32, own=True) == [[2, 4], [1], [3, 0]]
   w = scoring.window([1, 2, 3], [4, 5], seq_len=3)
   assert (w.inputs, w.last, w.n_cont) == ((2, 3, 4), 5, 2)
