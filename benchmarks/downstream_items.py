@@ -9,8 +9,8 @@ documents, 4 choices) by both sides, in one process, arms interleaved:
 - `olmoe_100m`: a random transformers OLMoE of ~100M parameters (E = 64, K = 8, 4 layers,
   d_model 512) with a BPE fitted on the task's text, imported with `python -m moejax.hf import`.
 
-moejax: `MoejaxLM` at the native cell (`--batch_size` requests per forward, lengths in
-power-of-two buckets); lm-eval's HF model (`HFLM`) at `--batch_size`,
+moejax: `MoejaxLM` at the native cell (`--batch_size` rows per forward, longest first, padded
+to 8, 12, 16, 24, ... buckets); lm-eval's HF model (`HFLM`) at `--batch_size`,
 float32. Each arm's first pass (compiles, caches) and the minimum of `--repeats` warm passes.
 
 Run alone: python benchmarks/downstream_items.py [--items 200] [--repeats 3]
