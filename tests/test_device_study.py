@@ -337,8 +337,11 @@ def test_the_preset_fits_one_h100_by_the_gpu_compiler():
   n += 384
   assert f"parameters         {4 * (n) / 2**20:.2f} MiB" in out.stdout
   assert f"optimizer state    {8 * n / 2**20:.2f} MiB" in out.stdout
-  fits = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("fits:"))
-  assert fits.strip().startswith("fits: 2.4") and fits.endswith("of 59.33 GiB per device")
+  fits = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("fits:")).strip()
+  assert fits.startswith("fits: ") and fits.endswith(" GiB of 59.33 GiB per device"), fits
+  # the state (12 bytes a parameter) and the compiler's temporaries: 2.47 GiB on jax 0.10.2's
+  # tree, 2.52 on jax 0.11.2 (docs/performance.md), never near the device's memory
+  assert 12 * n / 2**30 < float(fits.split()[1]) < 3.0, fits
 
 
 # ---------------------------------------------------------------- end to end, tiny, on CPU

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -380,8 +381,17 @@ def _lm_eval_logliks(hf_dir, yaml: str, task: str) -> tuple[np.ndarray, np.ndarr
   import lm_eval
   from downstream.test_hf_reference import _logliks
 
+  # transformers 5.24 maps model_type qwen3_5_moe to its Qwen3_5Tokenizer whatever
+  # tokenizer_config.json names, and that class rebuilds this test's character vocabulary
+  # with a byte-level pre-tokenizer that drops its spaces; a folder of the tokenizer files
+  # alone has no model_type, so lm-eval's HF model reads the tokenizer.json moejax imported
+  tok_dir = pathlib.Path(hf_dir).parent / f"{pathlib.Path(hf_dir).name}_tokenizer"
+  tok_dir.mkdir(exist_ok=True)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(pathlib.Path(hf_dir) / name, tok_dir / name)
   ref = lm_eval.simple_evaluate(
-    model="hf", model_args={"pretrained": str(hf_dir), "dtype": "float32", "device": "cpu"},
+    model="hf", model_args={"pretrained": str(hf_dir), "tokenizer": str(tok_dir),
+                            "dtype": "float32", "device": "cpu"},
     tasks=[yaml], batch_size=1, log_samples=True, bootstrap_iters=0,
   )  # fmt: skip
   return _logliks(ref["samples"][task])
