@@ -21,8 +21,8 @@ from moejax.nn.attention import ATTENTION_IMPLS
 from moejax.nn.gated_deltanet import GatedDeltaNetConfig
 from moejax.nn.layers import DTYPES, QK_NORM_SCOPES, DenseFFN, RMSNorm, init_normal
 from moejax.nn.mla import MLAConfig
-from moejax.nn.norms import ZeroCentredRMSNorm
 from moejax.nn.moe import EVAL_SECOND_EXPERT_SEED, MoEBlock, MoEConfig, RouterOut
+from moejax.nn.norms import ZeroCentredRMSNorm
 from moejax.nn.overrides import NONE as NO_OVERRIDES
 from moejax.nn.overrides import Overrides
 from moejax.schema import check_fields, key

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_hf  # tests/test_hf.py: the tiny random families and their import
 import torch
 from flax import nnx
 from tiers import FULL
 
-import test_hf  # tests/test_hf.py: the tiny random families and their import
 from moejax.decode.generator import Generator
 from moejax.kgrid.loading import load_config, load_run
 
