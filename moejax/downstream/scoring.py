@@ -6,9 +6,9 @@ inputs are equal (MMLU's one-token choices) share one forward and differ only in
 target. Inputs are right-padded to a bucket (8, 12, 16, 24, 32, 48, ...: at most a third
 of a row is padding; at most seq_len), one compiled forward per (k1, bucket); k2 (`routing.OWN_K2` for the rule's own normalization) and the
 routed scale stay traced inputs. The head (final norm, the [D, V] matmul, log_softmax) runs
-on each row's last C positions only, the ones its continuations are scored at (C: a power
-of two covering the bucket's longest continuation), not on the context: at a 32k vocabulary
-the head costs about what the blocks cost per position.
+only on the (row, position) pairs the continuations are scored at, the call's rows' last
+positions gathered into one list of P (P: a multiple of 32 covering the length's calls), not
+on the context: at a 32k vocabulary the head costs about what the blocks cost per position.
 
 Rows run longest first in calls of `batch_size`, each padded to the bucket of its longest
 row (lm-eval's HF model pads a length-sorted batch to its longest). Padding never changes a
@@ -86,33 +86,34 @@ def _make_scores(graphdef, k1: int, rowwise: bool):
     model = nnx.merge(graphdef, params, router)
     return model.hidden(tokens_BxL, train=False, ov=ov)[0]
 
-  def scores(params, router, tokens_BxL, pos_BxC, k2, scale_M):
-    """At positions pos_BxC: log p(the next input token), the argmax, and the whole
-    log-distribution at each row's last position (pos_BxC[:, -1])."""
+  def scores(params, router, tokens_BxL, row_P, pos_P, last_B, k2, scale_M):
+    """At the P scored (row, position) pairs: log p(the next input token) and the argmax;
+    and the whole log-distribution at each row's last position (pair last_B[b])."""
     ov = Overrides(k=k1, k2=k2, routed_scale=scale_M)
     if rowwise:
       h_BxLxD = jax.lax.map(lambda t_L: hidden(params, router, t_L[None], ov)[0], tokens_BxL)
     else:
       h_BxLxD = hidden(params, router, tokens_BxL, ov)
-    h_BxCxD = jnp.take_along_axis(h_BxLxD, pos_BxC[..., None], axis=1)
-    logits_BxCxV = nnx.merge(graphdef, params, router).head(h_BxCxD).astype(jnp.float32)
-    logp_BxCxV = jax.nn.log_softmax(logits_BxCxV, axis=-1)
+    h_1xPxD = h_BxLxD[row_P, pos_P][None]
+    logits_PxV = nnx.merge(graphdef, params, router).head(h_1xPxD)[0].astype(jnp.float32)
+    logp_PxV = jax.nn.log_softmax(logits_PxV, axis=-1)
     L = tokens_BxL.shape[1]
-    next_BxC = jnp.take_along_axis(tokens_BxL, jnp.minimum(pos_BxC + 1, L - 1), axis=1)
-    logp_next_BxC = jnp.take_along_axis(logp_BxCxV, next_BxC[..., None], axis=-1)[..., 0]
-    greedy_BxC = jnp.argmax(logits_BxCxV, axis=-1).astype(jnp.int32)
-    return logp_next_BxC, greedy_BxC, logp_BxCxV[:, -1]
+    next_P = tokens_BxL[row_P, jnp.minimum(pos_P + 1, L - 1)]
+    logp_next_P = jnp.take_along_axis(logp_PxV, next_P[:, None], axis=-1)[:, 0]
+    greedy_P = jnp.argmax(logits_PxV, axis=-1).astype(jnp.int32)
+    return logp_next_P, greedy_P, logp_PxV[last_B]
 
   return scores
 
 
-def tail(n: int) -> int:
-  """C, the positions scored per row for continuations of up to n tokens: a power of two."""
-  return 1 << max(n - 1, 0).bit_length()
+def scored(n: int) -> int:
+  """P, the (row, position) pairs a call scores for n needed: n rounded up to a multiple of
+  32 (a power of two below 32)."""
+  return 1 << max(n - 1, 0).bit_length() if n <= 32 else -(-n // 32) * 32
 
 
 class _Row(NamedTuple):
-  """One input row's scores at its last C positions, from position `start` (may be < 0)."""
+  """One input row's scores at its last positions, from position `start`."""
 
   start: int
   logp_next_C: np.ndarray  # log p(the next input token); the last entry is unused
@@ -134,6 +135,8 @@ def window(context: Sequence[int], continuation: Sequence[int], seq_len: int) ->
     raise UserError(
       f"a continuation of {len(continuation)} tokens is longer than data.seq_len={seq_len}"
     )
+  if len(context) == 0:  # lm-eval gives an empty context the prefix token
+    raise UserError("a request's context encodes to no tokens; its first token has no prefix")
   full = [int(t) for t in (*context, *continuation)][-(seq_len + 1) :]
   return _Window(tuple(full[:-1]), full[-1], len(continuation))
 
@@ -147,49 +150,54 @@ class Scorer:
     self.n_moe_layers, self.seq_len, self.batch_size = n_moe_layers, seq_len, batch_size
     self.rowwise = couples_tokens(moe_cfg)
     self.cell = Cell(k1=moe_cfg.top_k if moe_cfg is not None else 1)
-    self._compiled: dict[tuple[int, int, int], object] = {}  # (k1, L, C) -> executable
+    self._compiled: dict[tuple[int, int, int], object] = {}  # (k1, L, P) -> executable
     self.forwards = 0  # padded rows run, for the tests of sharing
     model_lib.preload_kernels(graphdef, params, router)  # meshless: every platform's
 
   def _compile(self, k1: int, shapes: list[tuple[int, int]], args) -> None:
-    """The compiled forwards of (k1, L, C) for each (L, C) in shapes not yet compiled: traced
+    """The compiled forwards of (k1, L, P) for each (L, P) in shapes not yet compiled: traced
     here one after another, compiled by XLA at once on a thread each (a compile is one
     thread's work, and a first pass over a task needs one per padded length)."""
     todo = [sh for sh in dict.fromkeys(shapes) if (k1, *sh) not in self._compiled]
     if not todo:
       return
     fn = compile_options.jit(_make_scores(self.graphdef, k1, self.rowwise))
-    lowered = [fn.lower(self.params, self.router, np.zeros((self.batch_size, L), np.int32),
-                        np.zeros((self.batch_size, C), np.int32), *args) for L, C in todo]  # fmt: skip
+    B, i32 = self.batch_size, np.int32
+    lowered = [fn.lower(self.params, self.router, np.zeros((B, L), i32), np.zeros((P,), i32),
+                        np.zeros((P,), i32), np.zeros((B,), i32), *args) for L, P in todo]  # fmt: skip
     with futures.ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
       for sh, compiled in zip(todo, pool.map(lambda lo: lo.compile(), lowered)):
         self._compiled[(k1, *sh)] = compiled
 
   def _run(self, rows: list[tuple[int, ...]], need: list[int]) -> list[_Row]:
-    """Each input row's scores at its last C >= need[i] positions."""
+    """Each input row's scores at its last need[i] positions."""
     k1, k2, scale_M = self.cell
     scale = np.ones((self.n_moe_layers,), np.float32) if scale_M is None else scale_M
     args = (jnp.int32(routing.OWN_K2 if k2 is None else k2), jnp.asarray(scale, jnp.float32))
     by_len: dict[int, list[list[int]]] = {}  # padded length -> its calls
     for part in batches([len(r) for r in rows], self.batch_size, self.seq_len, own=self.rowwise):
       by_len.setdefault(bucket(len(rows[part[0]]), self.seq_len), []).append(part)
-    # C: the positions scored per row, covering the longest continuation at that length
-    tails = {L: min(tail(max(need[i] for p in parts for i in p)), L) for L, parts in by_len.items()}
-    self._compile(k1, sorted(tails.items()), args)
+    # P: the pairs scored per call at that length, covering its calls' continuations
+    pairs = {L: scored(max(sum(need[i] for i in p) for p in parts)) for L, parts in by_len.items()}
+    self._compile(k1, sorted(pairs.items()), args)
     out: list = [None] * len(rows)
     for L, parts in sorted(by_len.items()):
-      C, fn = tails[L], self._compiled[(k1, L, tails[L])]
+      P, fn = pairs[L], self._compiled[(k1, L, pairs[L])]
       for part in parts:
         tokens_BxL = np.full((self.batch_size, L), PAD_ID, np.int32)
-        pos_BxC = np.zeros((self.batch_size, C), np.int32)
+        row_P, pos_P = np.zeros((P,), np.int32), np.zeros((P,), np.int32)
+        last_B, spans = np.zeros((self.batch_size,), np.int32), []
+        at = 0
         for b, i in enumerate(part):
-          n = len(rows[i])
+          n, m = len(rows[i]), need[i]
           tokens_BxL[b, :n] = rows[i]
-          pos_BxC[b] = np.maximum(np.arange(n - C, n), 0)
-        res = jax.device_get(fn(self.params, self.router, tokens_BxL, pos_BxC, *args))
+          row_P[at : at + m], pos_P[at : at + m] = b, np.arange(n - m, n)
+          last_B[b], at = at + m - 1, at + m
+          spans.append((at - m, at))
+        res = jax.device_get(fn(self.params, self.router, tokens_BxL, row_P, pos_P, last_B, *args))
         self.forwards += self.batch_size
-        for b, i in enumerate(part):
-          out[i] = _Row(len(rows[i]) - C, res[0][b], res[1][b], res[2][b])
+        for b, (i, (lo, hi)) in enumerate(zip(part, spans)):
+          out[i] = _Row(len(rows[i]) - need[i], res[0][lo:hi], res[1][lo:hi], res[2][b])
     return out
 
   def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:

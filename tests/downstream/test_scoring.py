@@ -127,7 +127,9 @@ def test_bucket_and_window():
   assert [scoring.bucket(n, 32) for n in (1, 8, 9, 13, 17, 25, 32)] == [8, 8, 12, 16, 24, 32, 32]
   assert [scoring.bucket(n, 4096) for n in (49, 65, 97, 129, 3000)] == [64, 96, 128, 192, 3072]
   assert scoring.bucket(100, 48) == 48
-  assert [scoring.tail(n) for n in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, 32]
+  with pytest.raises(scoring.UserError, match="context encodes to no tokens"):
+    scoring.window([], [1, 2], 32)  # its first token would have no position to be scored at
+  assert [scoring.scored(n) for n in (1, 2, 3, 5, 17, 32, 33, 90)] == [1, 2, 4, 8, 32, 32, 64, 96]
   # longest first; `own`: a call never mixes buckets (8: 3, 5; 12: 9; 16: 13, 14)
   assert scoring.batches([3, 9, 14, 5, 13], 2, 32, own=False) == [[2, 4], [1, 3], [0]]
   assert scoring.batches([3, 9, 14, 5, 13], 2, 32, own=True) == [[2, 4], [1], [3, 0]]
