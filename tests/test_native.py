@@ -86,6 +86,9 @@ ROUTINGS = {  # name: (T, E, K, expert picker)
   "e1": (29, 1, 1, lambda r, T, E, K: np.zeros((T, K), int)),
   "k_eq_e": (31, 3, 3, lambda r, T, E, K: np.stack([r.permutation(E) for _ in range(T)])),
   "t_odd": (301, 8, 2, lambda r, T, E, K: _distinct(r, T, E, K)),
+  # decode-sized: experts 0-3 get 1, 2, 3, 4 rows (one sgemv per row below kGemvRows = 4 rows,
+  # sgemm at 4: both BLAS paths, forward and backward), experts 4-7 none
+  "few_rows": (5, 8, 2, lambda r, T, E, K: np.array([[3, 2], [2, 3], [3, 2], [1, 3], [0, 1]])),
 }
 
 

@@ -42,14 +42,15 @@ def library_path() -> Path | None:
   return own if own.exists() else (found[0] if found else None)
 
 
-def blas_candidates(lib_dir: Path) -> list[tuple[str, str, int, str]]:
-  """(path, sgemm symbol, 64-bit ints, thread-count setter) to try, in order: the OpenBLAS
+def blas_candidates(lib_dir: Path) -> list[tuple[str, str, str, int, str]]:
+  """(path, sgemm symbol, sgemv symbol, 64-bit ints, thread-count setter) to try, in order: the OpenBLAS
   copied beside the kernel, then an installed scipy-openblas32 wheel's (found, not imported)."""
   spec = importlib.util.find_spec("scipy_openblas32")
   wheel = [] if spec is None else [Path(d) / "lib" for d in spec.submodule_search_locations]
   dirs = [lib_dir, *wheel]
   found = [p for d in dirs for p in sorted(d.glob("libscipy_openblas*.so"))]
-  return [(str(p), "scipy_cblas_sgemm", 0, "scipy_openblas_set_num_threads") for p in found]
+  return [(str(p), "scipy_cblas_sgemm", "scipy_cblas_sgemv", 0, "scipy_openblas_set_num_threads")
+          for p in found]  # fmt: skip
 
 
 AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")  # what OpenBLAS's SkylakeX kernels need
@@ -95,10 +96,10 @@ def _init_blas(lib: ctypes.CDLL, lib_dir: Path) -> str | None:
 def _init_first(lib: ctypes.CDLL, lib_dir: Path) -> str | None:
   init = lib.moejax_native_init
   init.restype = ctypes.c_char_p
-  init.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+  init.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
   errors = []
-  for path, sgemm, ilp64, threads in blas_candidates(lib_dir):
-    err = init(path.encode(), sgemm.encode(), ilp64, threads.encode())
+  for path, sgemm, sgemv, ilp64, threads in blas_candidates(lib_dir):
+    err = init(path.encode(), sgemm.encode(), sgemv.encode(), ilp64, threads.encode())
     if err is None:
       return None
     errors.append(f"{path}: {err.decode()}")

@@ -139,8 +139,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(moejax_native_backward, mjn::Backward,
 
 // Called once from Python (ctypes) with the BLAS it found; returns nullptr or an error.
 extern "C" __attribute__((visibility("default"))) const char* moejax_native_init(
-    const char* path, const char* sgemm, int ilp64, const char* threads) {
-  return mjn::blas_load(path, sgemm, ilp64, threads);
+    const char* path, const char* sgemm, const char* sgemv, int ilp64, const char* threads) {
+  return mjn::blas_load(path, sgemm, sgemv, ilp64, threads);
 }
 
 // The XLA FFI API version of the headers this library was built with (major * 1000 + minor):
