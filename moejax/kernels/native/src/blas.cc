@@ -60,7 +60,9 @@ bool blas_ready() { return g_sgemm != nullptr; }
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (M < kGemvRows) {  // a row at a time: sgemm would pack all of B for a few rows
+  // a row at a time: sgemm would pack all of B for a few rows (K = 0 stays with sgemm, which
+  // scales C by beta where sgemv returns early)
+  if (M < kGemvRows && K > 0) {
     for (int64_t i = 0; i < M; ++i)
       gemv(tb, N, K, B, ldb, ta ? A + i : A + i * lda, ta ? lda : 1, beta, C + i * ldc);
     return;
