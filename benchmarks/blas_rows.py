@@ -47,7 +47,12 @@ def openblas() -> ctypes.CDLL:
   return lib
 
 
+def ptr(a: np.ndarray):
+  return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
 def gb_s(fn, nbytes: int, repeats: int) -> float:
+  """GB/s of reading `nbytes` in one call of fn, best of `repeats` after a warm-up."""
   fn()
   best = float("inf")
   for _ in range(repeats):
@@ -55,6 +60,34 @@ def gb_s(fn, nbytes: int, repeats: int) -> float:
     fn()
     best = min(best, time.perf_counter() - t)
   return nbytes / best / 1e9
+
+
+def sgemm_all(lib, W_ExDxN: np.ndarray, x_MxD: np.ndarray, y_MxN: np.ndarray) -> None:
+  """y = x W[e] for every expert e: one sgemm each (the last expert's product stays in y)."""
+  (m, d), n = x_MxD.shape, W_ExDxN.shape[2]
+  for w in W_ExDxN:
+    lib.gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, d, 1.0, ptr(x_MxD), d, ptr(w), n, 0.0,
+             ptr(y_MxN), n)  # fmt: skip
+
+
+def sgemv_all(lib, W_ExDxN: np.ndarray, x_MxD: np.ndarray, y_MxN: np.ndarray) -> None:
+  """The same product as `sgemm_all`, one sgemv per row (what the kernel does below 4 rows)."""
+  d, n = W_ExDxN.shape[1:]
+  for w in W_ExDxN:
+    for x_D, y_N in zip(x_MxD, y_MxN):
+      lib.gemv(ROW_MAJOR, TRANS, d, n, 1.0, ptr(w), n, ptr(x_D), 1, 0.0, ptr(y_N), 1)
+
+
+def row(lib, W_ExDxN: np.ndarray, m: int, repeats: int) -> dict:
+  """One table row: both paths' GB/s of weights read at m rows, their product checked equal."""
+  d, n = W_ExDxN.shape[1:]
+  x_MxD = np.random.default_rng(m).standard_normal((m, d), dtype=np.float32)
+  y_gemm, y_gemv = np.zeros((m, n), np.float32), np.zeros((m, n), np.float32)
+  a = gb_s(lambda: sgemm_all(lib, W_ExDxN, x_MxD, y_gemm), W_ExDxN.nbytes, repeats)
+  b = gb_s(lambda: sgemv_all(lib, W_ExDxN, x_MxD, y_gemv), W_ExDxN.nbytes, repeats)
+  assert np.allclose(y_gemm, y_gemv, rtol=1e-4, atol=1e-3)
+  return {"rows": m, "sgemm_gb_s": round(a, 2), "sgemv_per_row_gb_s": round(b, 2),
+          "sgemv_over_sgemm": round(b / a, 3)}  # fmt: skip
 
 
 def main() -> None:
@@ -66,30 +99,13 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=5)
   args = p.parse_args()
   lib = openblas()
-  d, n = args.d, args.n
-  W = np.random.default_rng(0).standard_normal((args.experts, d, n), dtype=np.float32)
-  ptr = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))  # noqa: E731
+  rng = np.random.default_rng(0)
+  W_ExDxN = rng.standard_normal((args.experts, args.d, args.n), dtype=np.float32)
   rows = []
   for m in (int(r) for r in args.rows.split(",")):
-    x = np.random.default_rng(m).standard_normal((m, d), dtype=np.float32)
-    y_gemm, y_gemv = np.zeros((m, n), np.float32), np.zeros((m, n), np.float32)
-
-    def gemm():
-      for w in W:
-        lib.gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, d, 1.0, ptr(x), d, ptr(w), n, 0.0,
-                 ptr(y_gemm), n)  # fmt: skip
-
-    def gemv():
-      for w in W:
-        for r in range(m):
-          lib.gemv(ROW_MAJOR, TRANS, d, n, 1.0, ptr(w), n, ptr(x[r]), 1, 0.0, ptr(y_gemv[r]), 1)
-
-    a, b = gb_s(gemm, W.nbytes, args.repeats), gb_s(gemv, W.nbytes, args.repeats)
-    assert np.allclose(y_gemm, y_gemv, rtol=1e-4, atol=1e-3)  # the same product, last expert
-    rows.append({"rows": m, "sgemm_gb_s": round(a, 2), "sgemv_per_row_gb_s": round(b, 2),
-                 "sgemv_over_sgemm": round(b / a, 3)})  # fmt: skip
+    rows.append(row(lib, W_ExDxN, m, args.repeats))
     print(rows[-1], flush=True)
-  figures = {"shape": f"[{d}, {n}] float32 x {args.experts} experts, one thread",
+  figures = {"shape": f"[{args.d}, {args.n}] float32 x {args.experts} experts, one thread",
              "openblas_coretype": lib.core or "OpenBLAS's own choice", "rows": rows}  # fmt: skip
   write_result("blas_rows", figures)
 
