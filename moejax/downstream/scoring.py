@@ -113,11 +113,12 @@ def scored(n: int) -> int:
 
 
 class _Row(NamedTuple):
-  """One input row's scores at its last positions, from position `start`."""
+  """One input row's scores at its last N positions (N: the positions it needs), from
+  position `start`."""
 
   start: int
-  logp_next_C: np.ndarray  # log p(the next input token); the last entry is unused
-  greedy_C: np.ndarray  # argmax ids
+  logp_next_N: np.ndarray  # log p(the next input token); the last entry is unused
+  greedy_N: np.ndarray  # argmax ids
   logp_last_V: np.ndarray  # the log-distribution after the row's last input
 
 
@@ -215,6 +216,6 @@ class Scorer:
       n = len(w.inputs)
       j = n - w.n_cont - r.start  # the tail index of the continuation's first position
       targets = np.asarray((*w.inputs[n - w.n_cont + 1 :], w.last), np.int64)
-      logp = float(np.sum(r.logp_next_C[j:-1], dtype=np.float64) + r.logp_last_V[w.last])
-      scores.append(Score(logp, bool(np.all(r.greedy_C[j:] == targets))))
+      logp = float(np.sum(r.logp_next_N[j:-1], dtype=np.float64) + r.logp_last_V[w.last])
+      scores.append(Score(logp, bool(np.all(r.greedy_N[j:] == targets))))
     return scores

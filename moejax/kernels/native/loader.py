@@ -43,8 +43,9 @@ def library_path() -> Path | None:
 
 
 def blas_candidates(lib_dir: Path) -> list[tuple[str, str, str, int, str]]:
-  """(path, sgemm symbol, sgemv symbol, 64-bit ints, thread-count setter) to try, in order: the OpenBLAS
-  copied beside the kernel, then an installed scipy-openblas32 wheel's (found, not imported)."""
+  """(path, sgemm symbol, sgemv symbol, 64-bit ints, thread-count setter) to try, in order:
+  the OpenBLAS copied beside the kernel, then an installed scipy-openblas32 wheel's (found,
+  not imported)."""
   spec = importlib.util.find_spec("scipy_openblas32")
   wheel = [] if spec is None else [Path(d) / "lib" for d in spec.submodule_search_locations]
   dirs = [lib_dir, *wheel]
