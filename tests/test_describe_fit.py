@@ -132,14 +132,28 @@ def _describe(*args, env=ENV):
   )
 
 
-def test_cli_gpu_target_and_bad_flags_are_one_line():
+def _gpu_compiler() -> bool:
+  return aot.cuda_available() or bool(os.environ.get("MOEJAX_REQUIRE_GPU"))
+
+
+def _describe_h100() -> subprocess.CompletedProcess:
   quick = {**ENV, "XLA_FLAGS": quick_gpu.XLA_FLAGS}  # the same text, half the compile time
-  out = _describe("--config.model.n_layers=1", "--gpu", "h100:8", env=quick)
-  if aot.cuda_available() or os.environ.get("MOEJAX_REQUIRE_GPU"):
-    assert out.returncode == 0, out.stderr
-    assert "fit: h100:8 (8 devices, 59.33 GiB usable each:" in out.stdout
-    assert "GPU compiler (XLA:GPU): memory_analysis()" in out.stdout
-  else:  # refused before the worksheet: exactly how to install the compiler
+  return _describe("--config.model.n_layers=1", "--gpu", "h100:8", env=quick)
+
+
+@pytest.mark.full  # needs the cuda extra (the full tier's line installs it)
+def test_cli_gpu_target_fits_8_h100():
+  if not _gpu_compiler():
+    pytest.skip('no GPU compiler (pip install -e ".[cuda]"); CI sets MOEJAX_REQUIRE_GPU')
+  out = _describe_h100()
+  assert out.returncode == 0, out.stderr
+  assert "fit: h100:8 (8 devices, 59.33 GiB usable each:" in out.stdout
+  assert "GPU compiler (XLA:GPU): memory_analysis()" in out.stdout
+
+
+def test_cli_gpu_target_without_the_compiler_and_bad_flags_are_one_line():
+  if not _gpu_compiler():  # refused before the worksheet: exactly how to install the compiler
+    out = _describe_h100()
     assert out.returncode == 2 and out.stdout == "", out.stdout
     want = 'error: --gpu h100:8 needs the cuda extra (jax\'s CUDA plugin, the GPU compiler): pip install -e ".[cuda]"'
     assert out.stderr.strip() == want

@@ -159,11 +159,8 @@ RUN_BY_TESTS: dict[str, str] = {
   "runs/quickstart": "tests/test_cli.py::test_quickstart_exits_0",
   'pip install -e ".[test,tpu]" && JAX_PLATFORMS=cpu pytest -n 2': ".ci/run",
   'pip install -e ".[test,tpu,cuda]" && JAX_PLATFORMS=cpu pytest -n 2 -m full': ".ci/run",
-  'pip install -e ".[test,tpu,cuda]" && JAX_PLATFORMS=cpu pytest -n 2 -m "full or not full"': (
-    ".ci/run"
-  ),
   'pip install -e ".[test,tpu,cuda]" -c constraints/gpu-image.txt && JAX_PLATFORMS=cpu pytest '
-  '-n 2 -m "full or not full"': ".ci/run",
+  "-n 2 -m full": ".ci/run",
   # docs/kgrid.md, "Downstream tasks"
   "python -m launch.sweep experiments/calibration/sweep_tasks.py --backend local": (
     "tests/test_calibration.py::test_two_run_miniature_runs_end_to_end"
